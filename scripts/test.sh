@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds, and runs the whole test suite twice: a normal
+# Release build, then an ASan+UBSan build.  Tests that need the reference
+# fixtures read MLXCEL_FIXTURES and skip (with a message) when it is unset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+if [ -z "${MLXCEL_FIXTURES:-}" ] && [ -d ../shared/fixtures ]; then
+  export MLXCEL_FIXTURES="$(cd ../shared/fixtures && pwd)"
+fi
+[ -n "${MLXCEL_FIXTURES:-}" ] && echo "test: fixtures at $MLXCEL_FIXTURES" >&2 ||
+  echo "test: MLXCEL_FIXTURES unset: fixture tests will be skipped" >&2
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+(cd build && ctest --output-on-failure -j "$jobs")
+# Sanitizer build: clang so both compilers stay -Werror clean.
+CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMLXCEL_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  MLXCEL_SANITIZED=1 ctest --output-on-failure -j "$jobs")

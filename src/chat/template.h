@@ -1,0 +1,44 @@
+/* template.h - chat templates: the Jinja subset real chat templates use, and
+ * tokenizer_config.json's chat_template / special token strings.
+ *
+ * The engine renders byte-identically to Python jinja2 as transformers uses
+ * it (trim_blocks and lstrip_blocks on, keep_trailing_newline off).  Values
+ * come in as cJSON trees (messages, add_generation_prompt, bos_token, ...). */
+#ifndef MX_TEMPLATE_H
+#define MX_TEMPLATE_H
+
+#include <stddef.h>
+
+#include "util/err.h"
+
+struct cJSON;
+
+/* Renders `tmpl` with the variables of the JSON object `ctx`.  *out is
+ * malloc'ed.  Template syntax errors and raise_exception() are errors with
+ * the message. */
+int mx_jinja_render(const char *tmpl, const struct cJSON *ctx, char **out, mx_err *e);
+
+typedef struct mx_chat_msg {
+    const char *role;
+    const char *content;
+} mx_chat_msg;
+
+typedef struct mx_chat_template mx_chat_template;
+
+/* Reads DIR/tokenizer_config.json (chat_template as string or as a list of
+ * {name, template}: "default" is used; bos_token/eos_token as strings or
+ * {"content": ...}).  A missing file or template gives the ChatML fallback. */
+int mx_chat_template_load(const char *dir, mx_chat_template **out, mx_err *e);
+/* A template from text (tests); bos/eos may be NULL. */
+int mx_chat_template_from_string(const char *tmpl, const char *bos, const char *eos,
+                                 mx_chat_template **out, mx_err *e);
+void mx_chat_template_free(mx_chat_template *t);
+const char *mx_chat_template_eos(const mx_chat_template *t);   /* may be NULL */
+const char *mx_chat_template_bos(const mx_chat_template *t);   /* may be NULL */
+int mx_chat_template_is_fallback(const mx_chat_template *t);
+
+/* Renders messages (add_generation_prompt as given) to *out (malloc'ed). */
+int mx_chat_render(const mx_chat_template *t, const mx_chat_msg *msgs, size_t n,
+                   int add_generation_prompt, char **out, mx_err *e);
+
+#endif

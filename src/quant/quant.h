@@ -1,0 +1,132 @@
+/* quant.h - MLX affine quantization: formats, kernels, dequantization.
+ *
+ * A quantized matrix W [rows, cols] is stored as MLX writes it:
+ *   w      U32 [rows, cols*bits/32]  each row a little-endian bit stream,
+ *                                    element k at bits [k*bits, (k+1)*bits)
+ *   scales [rows, cols/group_size]   f16, bf16 or f32
+ *   biases [rows, cols/group_size]   same dtype
+ *   W[r][c] = scales[r][c/gs] * q[r][c] + biases[r][c/gs]
+ *
+ * Kernels (scalar reference + SIMD variants picked at run time):
+ *   qmatvec  y = W x          one token (decode)
+ *   qmatmul  Y = X W^T        T tokens (prefill)
+ *   embed    one dequantized row (embedding lookup)
+ * Because W·x over a group = s * sum(q*x) + b * sum(x), kernels take the
+ * per-group sums of x (mx_group_sums) so the bias term costs one FMA per group
+ * instead of one per weight. */
+#ifndef MX_QUANT_H
+#define MX_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/safetensors.h"
+#include "util/err.h"
+
+/* ---- formats ---------------------------------------------------------- */
+
+/* One row per supported bit width: the single description of the formats. */
+typedef struct mx_qtraits {
+    int bits;
+    int values_per_word;   /* 32/bits rounded down; 0 when values straddle words */
+    int straddles;         /* 1 for 3, 5, 6 bits */
+    uint32_t mask;
+} mx_qtraits;
+
+/* NULL when `bits` is not supported (supported: 2, 3, 4, 5, 6, 8). */
+const mx_qtraits *mx_qtraits_for(int bits);
+/* 1 when group_size is supported (32, 64, 128). */
+int mx_group_size_ok(int group_size);
+/* 1 when scale/bias dtype is supported (F16, BF16, F32). */
+int mx_scale_dtype_ok(mx_dtype t);
+
+typedef struct mx_qmat {
+    const uint8_t *w;        /* rows * row_bytes packed bytes */
+    const void *scales;      /* rows * (cols / group_size) */
+    const void *biases;      /* same */
+    int64_t rows, cols;      /* out features, in features (unpacked) */
+    int bits, group_size;
+    mx_dtype sdtype;         /* dtype of scales and biases */
+} mx_qmat;
+
+static inline int64_t mx_qmat_row_bytes(const mx_qmat *m) { return m->cols * m->bits / 8; }
+static inline int64_t mx_qmat_groups(const mx_qmat *m) { return m->cols / m->group_size; }
+/* Bytes of weights + scales + biases (what a matvec streams). */
+size_t mx_qmat_bytes(const mx_qmat *m);
+
+/* Builds a qmat view from three tensors (weight, scales, biases).  `bits` and
+ * `group_size` come from the config; when bits <= 0 they are inferred from the
+ * shapes (bits = 32*w.shape[-1] / (scales.shape[-1]*gs)); when both are known
+ * they must agree.  Leading dimensions (stacked experts) are allowed: the view
+ * covers matrix `index` of the stack (use 0 for 2-D).  Errors name `name`. */
+int mx_qmat_from_tensors(const mx_tensor *w, const mx_tensor *scales,
+                         const mx_tensor *biases, int bits, int group_size,
+                         int64_t index, const char *name, mx_qmat *out, mx_err *e);
+
+/* Value of element (r, c) (reference, slow). */
+float mx_qmat_get(const mx_qmat *m, int64_t r, int64_t c);
+/* Dequantizes row r into out[cols] (embedding lookup). */
+void mx_qmat_row(const mx_qmat *m, int64_t r, float *out);
+
+/* Per-group sums of x: out[g] = sum x[g*gs .. (g+1)*gs). */
+void mx_group_sums(const float *x, int64_t cols, int group_size, float *out);
+
+/* ---- kernels ---------------------------------------------------------- */
+
+/* One implementation of the kernels.  All work on a row range so callers
+ * (threaded wrappers, the fused MoE kernel) decide the split. */
+typedef struct mx_qkernels {
+    const char *name;      /* "scalar", "avx2", "avx512", "neon" */
+    /* y[r - r0] = sum_c W[r][c] x[c] for r in [r0, r1).  xsum from
+     * mx_group_sums(x, cols, group_size). */
+    void (*matvec_rows)(const mx_qmat *m, const float *x, const float *xsum,
+                        float *y, int64_t r0, int64_t r1);
+    /* Y[t*ldy + r] = sum_c W[r][c] X[t*ldx + c] for t < T, r in [r0, r1). */
+    void (*matmul_rows)(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
+                        float *Y, int64_t ldy, int64_t r0, int64_t r1);
+} mx_qkernels;
+
+/* The variant in use: best the CPU supports, or MLXCEL_KERNEL=scalar|avx2|
+ * avx512|neon when set (falls back to the best with a warning if unsupported). */
+const mx_qkernels *mx_qkernels_active(void);
+/* A named variant, or NULL when unknown or the CPU cannot run it. */
+const mx_qkernels *mx_qkernels_get(const char *name);
+/* Forces a variant (tests); NULL restores the automatic choice.  Returns 0, or
+ * -1 if the CPU cannot run it. */
+int mx_qkernels_force(const char *name);
+/* NULL-terminated list of all compiled-in variant names. */
+const char *const *mx_qkernels_names(void);
+
+/* Threaded wrappers over the active variant (OpenMP, mx_threads()). */
+void mx_qmatvec(const mx_qmat *m, const float *x, float *y);
+void mx_qmatmul(const mx_qmat *m, const float *X, int64_t T, float *Y);
+
+/* ---- linear layers: quantized or plain float --------------------------- */
+
+/* A linear layer y = W x (+ bias).  Routers and shared-expert gates may be
+ * stored unquantized; this type hides the difference. */
+typedef struct mx_linear {
+    int quantized;
+    mx_qmat q;               /* when quantized */
+    const void *w;           /* when not: [rows, cols] in dtype wdtype */
+    mx_dtype wdtype;         /* F32, F16 or BF16 */
+    int64_t rows, cols;
+    const float *bias;       /* optional [rows], f32 (owned by the model) */
+} mx_linear;
+
+/* y[rows] = W x + bias.  Threaded. */
+void mx_linear_matvec(const mx_linear *l, const float *x, float *y);
+/* Y[T, rows] = X[T, cols] W^T + bias.  Threaded. */
+void mx_linear_matmul(const mx_linear *l, const float *X, int64_t T, float *Y);
+/* Bytes a matvec streams. */
+size_t mx_linear_bytes(const mx_linear *l);
+
+/* ---- quantizer (reference, used by synth and tests) -------------------- */
+
+/* Quantizes float rows [rows, cols] the way MLX does (per group: the extreme
+ * of larger magnitude maps to q=0 or q=max; scale may be negative) and writes
+ * packed bytes (rows*cols*bits/8), scales and biases in sdtype. */
+int mx_quantize(const float *w, int64_t rows, int64_t cols, int bits, int group_size,
+                mx_dtype sdtype, uint8_t *packed, void *scales, void *biases, mx_err *e);
+
+#endif
