@@ -1,0 +1,35 @@
+/* family_qwen2_moe.c - Qwen1.5-MoE / Qwen2-MoE (Qwen2MoeForCausalLM).
+ * q/k/v with bias, shared expert with a sigmoid gate, softmax top-k routing
+ * renormalised only when norm_topk_prob. */
+#include "model/family.h"
+
+static void defaults(mx_config *c)
+{
+    /* transformers' Qwen2MoeConfig defaults */
+    mx_default_int(&c->vocab_size, 151936);
+    mx_default_int(&c->hidden_size, 2048);
+    mx_default_int(&c->intermediate_size, 5632);
+    mx_default_int(&c->num_hidden_layers, 24);
+    mx_default_int(&c->num_attention_heads, 16);
+    mx_default_int(&c->num_key_value_heads, c->num_attention_heads);
+    mx_default_int(&c->max_position_embeddings, 32768);
+    mx_default_dbl(&c->rms_norm_eps, 1e-6);
+    mx_default_dbl(&c->rope_theta, 10000.0);
+    mx_default_int(&c->tie_word_embeddings, 0);
+    mx_default_int(&c->decoder_sparse_step, 1);
+    mx_default_int(&c->moe_intermediate_size, 1408);
+    mx_default_int(&c->shared_expert_intermediate_size, 5632);
+    mx_default_int(&c->num_experts_per_tok, 4);
+    mx_default_int(&c->num_experts, 60);
+    mx_default_int(&c->norm_topk_prob, 0);
+    mx_default_int(&c->use_sliding_window, 0);
+}
+
+const struct mx_family mx_family_qwen2_moe = {
+    .model_type = "qwen2_moe",
+    .apply_defaults = defaults,
+    .qk_norm = MX_QK_NORM_NONE,
+    .moe_block = "mlp",
+    .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+    .shared_expert = 1,
+};

@@ -1,0 +1,315 @@
+/* forward.c - the forward pass: tokens in, logits out.
+ *
+ *   x = embed(tokens)
+ *   for each layer:  x += attention(rmsnorm(x))     attention_block()
+ *                    x += ffn(rmsnorm(x))            ffn_block(): MoE or MLP
+ *   logits = lm_head(rmsnorm(x))
+ *
+ * Every block works on T tokens at once: T = prompt length for prefill,
+ * T = 1 for decode (where the MoE block dispatches to the fused kernel).
+ * Numerics follow transformers in float32: RMSNorm with the mean of squares,
+ * rotate-half RoPE with float inverse frequencies, softmax attention scaled
+ * by head_dim^-0.5. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/family.h"
+#include "model/model.h"
+#include "util/half.h"
+#include "util/parallel.h"
+
+/* ---- small ops --------------------------------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = w[i] * (x[i] * r);
+}
+
+/* y[T, rows] = W x (+ bias): matvec for one token, matmul for many. */
+static void linear(const mx_linear *l, const float *x, int64_t T, float *y)
+{
+    if (T == 1)
+        mx_linear_matvec(l, x, y);
+    else
+        mx_linear_matmul(l, x, T, y);
+}
+
+/* Rotate-half RoPE on one head vector at position pos. */
+static void rope(float *v, int hd, int pos, const float *inv_freq)
+{
+    const int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float f = (float)pos * inv_freq[i];
+        float c = cosf(f), s = sinf(f);
+        float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+    }
+}
+
+static float *kv_at(const mx_seq *s, float *base, int layer, int kvh, int pos)
+{
+    const mx_model *m = s->m;
+    return base + (((size_t)layer * m->n_kv + kvh) * (size_t)s->n_ctx + (size_t)pos) * m->head_dim;
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+/* out[T, d] = o_proj(softmax(q k^T / sqrt(hd)) v) for tokens at positions
+ * s->pos .. s->pos+T-1, after writing their k and v into the cache. */
+static void attention_block(mx_model *m, int l, mx_seq *s, const float *xn, int64_t T,
+                            float *q, float *k, float *v, float *att, float *scores, float *out)
+{
+    const mx_attn *a = &m->layers[l].attn;
+    const int hd = m->head_dim, nh = m->n_heads, nkv = m->n_kv, group = nh / nkv;
+    linear(&a->q, xn, T, q);
+    linear(&a->k, xn, T, k);
+    linear(&a->v, xn, T, v);
+    if (m->cfg.clip_qkv > 0) {
+        const float c = (float)m->cfg.clip_qkv;
+        for (int64_t i = 0; i < T * m->q_dim; i++)
+            q[i] = fminf(fmaxf(q[i], -c), c);
+        for (int64_t i = 0; i < T * m->kv_dim; i++) {
+            k[i] = fminf(fmaxf(k[i], -c), c);
+            v[i] = fminf(fmaxf(v[i], -c), c);
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *qt = q + t * m->q_dim, *kt = k + t * m->kv_dim, *vt = v + t * m->kv_dim;
+        const int pos = s->pos + (int)t;
+        if (m->fam->qk_norm == MX_QK_NORM_FULL) {
+            rmsnorm(qt, qt, a->q_norm, m->q_dim, m->eps);
+            rmsnorm(kt, kt, a->k_norm, m->kv_dim, m->eps);
+        }
+        for (int h = 0; h < nh; h++) {
+            if (m->fam->qk_norm == MX_QK_NORM_HEAD)
+                rmsnorm(qt + h * hd, qt + h * hd, a->q_norm, hd, m->eps);
+            rope(qt + h * hd, hd, pos, m->rope_inv_freq);
+        }
+        for (int h = 0; h < nkv; h++) {
+            if (m->fam->qk_norm == MX_QK_NORM_HEAD)
+                rmsnorm(kt + h * hd, kt + h * hd, a->k_norm, hd, m->eps);
+            rope(kt + h * hd, hd, pos, m->rope_inv_freq);
+            memcpy(kv_at(s, s->k, l, h, pos), kt + h * hd, sizeof(float) * (size_t)hd);
+            memcpy(kv_at(s, s->v, l, h, pos), vt + h * hd, sizeof(float) * (size_t)hd);
+        }
+    }
+
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int window = m->cfg.sliding_window > 0 && m->cfg.use_sliding_window != 0
+                           ? m->cfg.sliding_window : 0;
+#pragma omp parallel for num_threads(mx_threads()) schedule(dynamic, 1)
+    for (int64_t th = 0; th < T * nh; th++) {
+        const int64_t t = th / nh;
+        const int h = (int)(th % nh), kvh = h / group;
+        const int pos = s->pos + (int)t;
+        const int start = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        float *sc = scores + (size_t)omp_get_thread_num() * (size_t)s->n_ctx;
+        const float *qh = q + t * m->q_dim + h * hd;
+        const float *K = kv_at(s, s->k, l, kvh, 0), *V = kv_at(s, s->v, l, kvh, 0);
+        float mx = -INFINITY;
+        for (int j = start; j <= pos; j++) {
+            const float *kj = K + (size_t)j * hd;
+            float d = 0.0f;
+            for (int i = 0; i < hd; i++)
+                d += qh[i] * kj[i];
+            sc[j] = d * scale;
+            if (sc[j] > mx)
+                mx = sc[j];
+        }
+        float sum = 0.0f;
+        for (int j = start; j <= pos; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float *o = att + t * m->q_dim + h * hd;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int j = start; j <= pos; j++) {
+            const float p = sc[j] / sum;
+            const float *vj = V + (size_t)j * hd;
+            for (int i = 0; i < hd; i++)
+                o[i] += p * vj[i];
+        }
+    }
+    linear(&a->o, att, T, out);
+}
+
+/* ---- feed-forward -------------------------------------------------------- */
+
+/* out = down(silu(gate x) * up x) for T tokens; g and u hold T * ff. */
+static void mlp_block(const mx_mlp *p, const float *xn, int64_t T, float *g, float *u, float *out)
+{
+    linear(&p->gate, xn, T, g);
+    linear(&p->up, xn, T, u);
+    const int64_t n = T * p->gate.rows;
+    for (int64_t i = 0; i < n; i++)
+        g[i] = mx_silu(g[i]) * u[i];
+    linear(&p->down, g, T, out);
+}
+
+typedef struct ffn_scratch {
+    float *router_logits;   /* [T, E] */
+    mx_route *routes;       /* [T] */
+    float *g, *u;           /* [T, max ff] */
+    float *shared_out;      /* [T, d] */
+    float *shared_gate;     /* [T] */
+} ffn_scratch;
+
+/* out[T, d] = routed experts (+ gated shared expert), or the dense MLP. */
+static int ffn_block(mx_model *m, int l, const float *xn, int64_t T, ffn_scratch *fs, float *out,
+                     float *trace_router, mx_err *e)
+{
+    const mx_layer *L = &m->layers[l];
+    if (!L->is_moe) {
+        mlp_block(&L->mlp, xn, T, fs->g, fs->u, out);
+        return MX_OK;
+    }
+    const mx_moe_block *b = &L->moe;
+    const int E = m->n_experts;
+    linear(&b->router, xn, T, fs->router_logits);
+    if (trace_router)
+        memcpy(trace_router, fs->router_logits, sizeof(float) * (size_t)(T * E));
+    for (int64_t t = 0; t < T; t++)
+        mx_moe_route(fs->router_logits + t * E, E, m->top_k, m->norm_topk, &fs->routes[t]);
+    int rc = mx_moe_experts(&b->experts, fs->routes, xn, T, out, e);
+    if (rc)
+        return rc;
+    if (b->has_shared) {
+        mlp_block(&b->shared, xn, T, fs->g, fs->u, fs->shared_out);
+        linear(&b->shared_gate, xn, T, fs->shared_gate);
+        for (int64_t t = 0; t < T; t++) {
+            const float gate = 1.0f / (1.0f + expf(-fs->shared_gate[t]));
+            for (int i = 0; i < m->d; i++)
+                out[t * m->d + i] += gate * fs->shared_out[t * m->d + i];
+        }
+    }
+    return MX_OK;
+}
+
+/* ---- embedding and the whole pass --------------------------------------- */
+
+static void embed_row(const mx_model *m, int32_t id, float *out)
+{
+    const mx_linear *E = &m->embed;
+    if (E->quantized) {
+        mx_qmat_row(&E->q, id, out);
+        return;
+    }
+    const size_t off = (size_t)id * (size_t)m->d;
+    for (int i = 0; i < m->d; i++) {
+        switch (E->wdtype) {
+        case MX_F16: out[i] = mx_f16_to_f32(((const uint16_t *)E->w)[off + i]); break;
+        case MX_BF16: out[i] = mx_bf16_to_f32(((const uint16_t *)E->w)[off + i]); break;
+        default: out[i] = ((const float *)E->w)[off + i]; break;
+        }
+    }
+}
+
+static int64_t max_ff(const mx_model *m)
+{
+    int64_t f = 1;
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_layer *L = &m->layers[l];
+        int64_t w = L->is_moe ? (L->moe.has_shared ? L->moe.shared.gate.rows : 0) : L->mlp.gate.rows;
+        if (w > f)
+            f = w;
+    }
+    return f;
+}
+
+static float *grow_scratch(mx_model *m, size_t n)
+{
+    if (n > m->scratch_cap) {
+        free(m->scratch);
+        m->scratch = malloc(n * sizeof(float));
+        m->scratch_cap = m->scratch ? n : 0;
+    }
+    return m->scratch;
+}
+
+int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logits,
+               const mx_forward_trace *trace, mx_err *e)
+{
+    if (n <= 0)
+        return mx_fail(e, MX_EINVAL, "forward: no tokens");
+    if (s->m != m)
+        return mx_fail(e, MX_EINVAL, "forward: sequence belongs to another model");
+    if (s->pos + n > s->n_ctx)
+        return mx_fail(e, MX_ERANGE, "context full: %d tokens in the cache + %d new > context size %d",
+                       s->pos, n, s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->vocab)
+            return mx_fail(e, MX_ERANGE, "token id %d at position %d is outside the vocabulary (0..%d)",
+                           tokens[i], i, m->vocab - 1);
+
+    const int64_t T = n, d = m->d, E = m->n_experts > 0 ? m->n_experts : 1, ff = max_ff(m);
+    const int nth = mx_threads();
+    const size_t route_floats = (sizeof(mx_route) + sizeof(float) - 1) / sizeof(float);
+    size_t need = (size_t)(T * (4 * d + 2 * m->q_dim + 2 * m->kv_dim + E + 2 * ff + 1)) +
+                  (size_t)nth * (size_t)s->n_ctx + (size_t)T * route_floats + (size_t)d;
+    float *p = grow_scratch(m, need);
+    if (!p)
+        return mx_fail(e, MX_ENOMEM, "forward: out of memory for %d tokens", n);
+    float *x = p; p += T * d;
+    float *xn = p; p += T * d;
+    float *tmp = p; p += T * d;
+    float *q = p; p += T * m->q_dim;
+    float *att = p; p += T * m->q_dim;
+    float *k = p; p += T * m->kv_dim;
+    float *v = p; p += T * m->kv_dim;
+    float *scores = p; p += (size_t)nth * (size_t)s->n_ctx;
+    ffn_scratch fs;
+    fs.router_logits = p; p += T * E;
+    fs.g = p; p += T * ff;
+    fs.u = p; p += T * ff;
+    fs.shared_out = p; p += T * d;
+    fs.shared_gate = p; p += T;
+    fs.routes = (mx_route *)p; p += T * route_floats;
+    float *last = p;
+
+    for (int64_t t = 0; t < T; t++)
+        embed_row(m, tokens[t], x + t * d);
+    if (trace && trace->hidden)
+        memcpy(trace->hidden, x, sizeof(float) * (size_t)(T * d));
+
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_layer *L = &m->layers[l];
+        for (int64_t t = 0; t < T; t++)
+            rmsnorm(xn + t * d, x + t * d, L->attn_norm, d, m->eps);
+        attention_block(m, l, s, xn, T, q, k, v, att, scores, tmp);
+        for (int64_t i = 0; i < T * d; i++)
+            x[i] += tmp[i];
+        for (int64_t t = 0; t < T; t++)
+            rmsnorm(xn + t * d, x + t * d, L->ffn_norm, d, m->eps);
+        float *tr = trace && trace->router_logits ? trace->router_logits + (size_t)l * T * E : NULL;
+        int rc = ffn_block(m, l, xn, T, &fs, tmp, tr, e);
+        if (rc)
+            return rc;
+        for (int64_t i = 0; i < T * d; i++)
+            x[i] += tmp[i];
+        if (trace && trace->hidden && l + 1 < m->n_layers)
+            memcpy(trace->hidden + (size_t)(l + 1) * T * d, x, sizeof(float) * (size_t)(T * d));
+    }
+    s->pos += n;
+
+    if (trace && (trace->hidden || trace->all_logits)) {
+        for (int64_t t = 0; t < T; t++)
+            rmsnorm(xn + t * d, x + t * d, m->final_norm, d, m->eps);
+        if (trace->hidden)
+            memcpy(trace->hidden + (size_t)m->n_layers * T * d, xn, sizeof(float) * (size_t)(T * d));
+        if (trace->all_logits)
+            linear(&m->lm_head, xn, T, trace->all_logits);
+    }
+    if (logits) {
+        rmsnorm(last, x + (T - 1) * d, m->final_norm, d, m->eps);
+        mx_linear_matvec(&m->lm_head, last, logits);
+    }
+    return MX_OK;
+}

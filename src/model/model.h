@@ -1,0 +1,112 @@
+/* model.h - a loaded model and the forward pass.
+ *
+ * A token's path (forward.c): embedding row -> for each layer
+ * [RMSNorm -> attention (attention.c) -> residual -> RMSNorm -> MoE block or
+ * dense MLP (ffn.c) -> residual] -> final RMSNorm -> lm_head -> logits.
+ *
+ * Weights are views into the mmap'ed safetensors (see load.c); only norm
+ * weights and biases are converted to f32 at load.  A sequence's state (KV
+ * cache and position) lives in its own mx_seq so several sequences can be
+ * decoded side by side.  One forward call runs at a time per model (the
+ * model owns the scratch buffers). */
+#ifndef MX_MODEL_H
+#define MX_MODEL_H
+
+#include <stdint.h>
+
+#include "format/config.h"
+#include "format/safetensors.h"
+#include "moe/moe.h"
+#include "quant/quant.h"
+
+typedef struct mx_family mx_family;
+
+/* A dense SwiGLU MLP (also the Qwen2-MoE shared expert). */
+typedef struct mx_mlp {
+    mx_linear gate, up, down;    /* [ff, d], [ff, d], [d, ff] */
+} mx_mlp;
+
+typedef struct mx_attn {
+    mx_linear q, k, v, o;        /* q [nh*hd, d], k/v [nkv*hd, d], o [d, nh*hd] */
+    float *q_norm, *k_norm;      /* [hd] per-head or [nh*hd]/[nkv*hd] full width; NULL if none */
+} mx_attn;
+
+typedef struct mx_moe_block {
+    mx_linear router;            /* [E, d] */
+    mx_experts experts;
+    int has_shared;
+    mx_mlp shared;               /* Qwen2-MoE shared expert */
+    mx_linear shared_gate;       /* [1, d] */
+} mx_moe_block;
+
+typedef struct mx_layer {
+    float *attn_norm, *ffn_norm; /* [d] */
+    mx_attn attn;
+    int is_moe;
+    mx_mlp mlp;                  /* when !is_moe */
+    mx_moe_block moe;            /* when is_moe */
+} mx_layer;
+
+typedef struct mx_model {
+    mx_config cfg;               /* with the family's defaults applied */
+    const mx_family *fam;
+    char *dir;
+    mx_st_set *st;               /* the mmap'ed weights */
+    /* dimensions, derived once */
+    int d, n_layers, n_heads, n_kv, head_dim, vocab, q_dim, kv_dim;
+    int n_experts, top_k, norm_topk;
+    float eps;
+    float *rope_inv_freq;        /* [head_dim/2] */
+    mx_linear embed;             /* [vocab, d] */
+    mx_layer *layers;            /* [n_layers] */
+    float *final_norm;           /* [d] */
+    mx_linear lm_head;           /* [vocab, d]; a copy of embed when tied */
+    int tied;
+    /* allocations to free */
+    void **owned;
+    int n_owned, cap_owned;
+    /* scratch for forward (grown as needed) */
+    float *scratch;
+    size_t scratch_cap;
+} mx_model;
+
+/* Loads DIR (config.json, generation_config.json, safetensors). */
+int mx_model_load(const char *dir, mx_model **out, mx_err *e);
+void mx_model_free(mx_model *m);
+
+/* Bytes of weights one decoded token streams (attention, router, k experts,
+ * shared expert, dense MLPs, lm_head, one embedding row). */
+uint64_t mx_model_active_bytes(const mx_model *m);
+/* Bytes of all weights; parameter count (dequantized). */
+uint64_t mx_model_weight_bytes(const mx_model *m);
+uint64_t mx_model_param_count(const mx_model *m);
+/* KV cache bytes for n_ctx tokens. */
+uint64_t mx_model_kv_bytes(const mx_model *m, int n_ctx);
+
+/* A sequence: KV cache and position. */
+typedef struct mx_seq {
+    const mx_model *m;
+    int n_ctx, pos;
+    float *k, *v;                /* [layers][n_kv][n_ctx][head_dim] */
+} mx_seq;
+
+int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e);
+void mx_seq_free(mx_seq *s);
+void mx_seq_reset(mx_seq *s);
+
+/* Optional outputs of a forward call, for tests and tools. */
+typedef struct mx_forward_trace {
+    float *hidden;        /* [(layers+1), T, d]: [0] embeddings, [i] after layer i,
+                             the last with the final norm applied */
+    float *router_logits; /* [layers, T, E] (MoE layers only are written) */
+    float *all_logits;    /* [T, vocab] */
+} mx_forward_trace;
+
+/* Runs tokens[n] at positions s->pos .. s->pos+n-1, appending to the KV
+ * cache.  logits (may be NULL) gets the last token's logits [vocab].  An id
+ * outside the vocabulary or running past n_ctx is an error (MX_ERANGE) and
+ * leaves the sequence unchanged. */
+int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logits,
+               const mx_forward_trace *trace, mx_err *e);
+
+#endif

@@ -1,0 +1,125 @@
+/* seq.c - per-sequence state (KV cache + position) and model size facts. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e)
+{
+    *out = NULL;
+    if (n_ctx <= 0)
+        return mx_fail(e, MX_EINVAL, "context size must be positive (got %d)", n_ctx);
+    mx_seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    size_t n = (size_t)m->n_layers * (size_t)m->n_kv * (size_t)n_ctx * (size_t)m->head_dim;
+    /* calloc of a large block maps zero pages lazily, so memory is only
+     * committed as the cache fills. */
+    s->k = calloc(n, sizeof(float));
+    s->v = calloc(n, sizeof(float));
+    if (!s->k || !s->v) {
+        mx_seq_free(s);
+        return mx_fail(e, MX_ENOMEM, "out of memory for a KV cache of %d tokens (%.1f MiB)", n_ctx,
+                       2.0 * (double)n * sizeof(float) / 1048576.0);
+    }
+    s->m = m;
+    s->n_ctx = n_ctx;
+    *out = s;
+    return MX_OK;
+}
+
+void mx_seq_free(mx_seq *s)
+{
+    if (!s)
+        return;
+    free(s->k);
+    free(s->v);
+    free(s);
+}
+
+void mx_seq_reset(mx_seq *s) { s->pos = 0; }
+
+uint64_t mx_model_kv_bytes(const mx_model *m, int n_ctx)
+{
+    return 2ull * (uint64_t)m->n_layers * (uint64_t)m->n_kv * (uint64_t)n_ctx *
+           (uint64_t)m->head_dim * sizeof(float);
+}
+
+static uint64_t mlp_bytes(const mx_mlp *p)
+{
+    return mx_linear_bytes(&p->gate) + mx_linear_bytes(&p->up) + mx_linear_bytes(&p->down);
+}
+
+static uint64_t attn_bytes(const mx_attn *a)
+{
+    return mx_linear_bytes(&a->q) + mx_linear_bytes(&a->k) + mx_linear_bytes(&a->v) +
+           mx_linear_bytes(&a->o);
+}
+
+static uint64_t expert_bytes(const mx_experts *ex, int i)
+{
+    return mx_linear_bytes(&ex->gate[i]) + mx_linear_bytes(&ex->up[i]) +
+           mx_linear_bytes(&ex->down[i]);
+}
+
+uint64_t mx_model_active_bytes(const mx_model *m)
+{
+    /* one embedding row + lm_head */
+    uint64_t b = mx_linear_bytes(&m->embed) / (uint64_t)m->vocab + mx_linear_bytes(&m->lm_head);
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_layer *L = &m->layers[l];
+        b += attn_bytes(&L->attn);
+        if (!L->is_moe) {
+            b += mlp_bytes(&L->mlp);
+            continue;
+        }
+        b += mx_linear_bytes(&L->moe.router);
+        /* experts are the same size; count top_k of expert 0's size */
+        b += (uint64_t)m->top_k * expert_bytes(&L->moe.experts, 0);
+        if (L->moe.has_shared)
+            b += mlp_bytes(&L->moe.shared) + mx_linear_bytes(&L->moe.shared_gate);
+    }
+    return b;
+}
+
+uint64_t mx_model_weight_bytes(const mx_model *m)
+{
+    uint64_t b = mx_linear_bytes(&m->embed) + (m->tied ? 0 : mx_linear_bytes(&m->lm_head));
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_layer *L = &m->layers[l];
+        b += attn_bytes(&L->attn);
+        if (!L->is_moe) {
+            b += mlp_bytes(&L->mlp);
+            continue;
+        }
+        b += mx_linear_bytes(&L->moe.router);
+        for (int i = 0; i < L->moe.experts.n; i++)
+            b += expert_bytes(&L->moe.experts, i);
+        if (L->moe.has_shared)
+            b += mlp_bytes(&L->moe.shared) + mx_linear_bytes(&L->moe.shared_gate);
+    }
+    return b;
+}
+
+static uint64_t lin_params(const mx_linear *l) { return (uint64_t)(l->rows * l->cols); }
+
+uint64_t mx_model_param_count(const mx_model *m)
+{
+    uint64_t p = lin_params(&m->embed) + (m->tied ? 0 : lin_params(&m->lm_head)) + (uint64_t)m->d;
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_layer *L = &m->layers[l];
+        p += 2ull * (uint64_t)m->d;
+        p += lin_params(&L->attn.q) + lin_params(&L->attn.k) + lin_params(&L->attn.v) +
+             lin_params(&L->attn.o);
+        if (!L->is_moe) {
+            p += lin_params(&L->mlp.gate) + lin_params(&L->mlp.up) + lin_params(&L->mlp.down);
+            continue;
+        }
+        const mx_experts *ex = &L->moe.experts;
+        p += lin_params(&L->moe.router) + (uint64_t)ex->n * 3ull * (uint64_t)(ex->d_ff * ex->d_model);
+        if (L->moe.has_shared)
+            p += lin_params(&L->moe.shared.gate) + lin_params(&L->moe.shared.up) +
+                 lin_params(&L->moe.shared.down) + lin_params(&L->moe.shared_gate);
+    }
+    return p;
+}

@@ -1,0 +1,95 @@
+/* router.c - softmax + top-k routing, the fused-path switches and the
+ * dispatch statistics. */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "moe/moe.h"
+#include "util/parallel.h"
+
+void mx_moe_route(const float *logits, int n, int k, int norm_topk, mx_route *r)
+{
+    /* Softmax in float with the max subtracted, like torch's softmax. */
+    float mx = logits[0];
+    for (int i = 1; i < n; i++)
+        if (logits[i] > mx)
+            mx = logits[i];
+    float p[4096];
+    float sum = 0.0f;
+    int m = n < 4096 ? n : 4096;
+    for (int i = 0; i < m; i++) {
+        p[i] = expf(logits[i] - mx);
+        sum += p[i];
+    }
+    if (k > MX_MAX_TOPK)
+        k = MX_MAX_TOPK;
+    if (k > m)
+        k = m;
+    /* Top-k by repeated selection: k is small (2..8), E at most a few
+     * hundred.  Ties go to the lower index, as torch.topk does on CPU. */
+    unsigned char taken[4096] = {0};
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int i = 0; i < m; i++)
+            if (!taken[i] && (best < 0 || p[i] > p[best]))
+                best = i;
+        taken[best] = 1;
+        r->idx[j] = best;
+        r->w[j] = p[best] / sum;
+    }
+    r->k = k;
+    if (norm_topk) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++)
+            s += r->w[j];
+        for (int j = 0; j < k; j++)
+            r->w[j] /= s;
+    }
+}
+
+static int g_fused = -1;
+
+int mx_moe_fused_enabled(void)
+{
+    if (g_fused < 0)
+        return mx_env_flag("MLXCEL_FUSED_MOE", 1);
+    return g_fused;
+}
+
+void mx_moe_set_fused(int on) { g_fused = on < 0 ? -1 : !!on; }
+
+/* Default chosen from measurements (docs/moe-decode.md): the fused kernel
+ * keeps its per-thread gate/up results in buffers sized k * d_ff, which stay
+ * in L2 up to Mixtral-sized experts. */
+#define MX_FUSED_MAX_DFF_DEFAULT 16384
+
+int64_t mx_moe_fused_max_dff(void)
+{
+    long v = mx_env_long("MLXCEL_FUSED_MOE_MAX_DFF", MX_FUSED_MAX_DFF_DEFAULT);
+    return v > 0 ? v : MX_FUSED_MAX_DFF_DEFAULT;
+}
+
+static atomic_long g_fused_count, g_gather_count;
+
+void mx_moe_stats_get(mx_moe_stats *s)
+{
+    s->fused = atomic_load(&g_fused_count);
+    s->gather = atomic_load(&g_gather_count);
+}
+
+void mx_moe_stats_reset(void)
+{
+    atomic_store(&g_fused_count, 0);
+    atomic_store(&g_gather_count, 0);
+}
+
+int mx_moe_experts(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,
+                   float *out, mx_err *e)
+{
+    if (T == 1 && mx_moe_fused_enabled() && !mx_moe_fused_declines(ex)) {
+        mx_moe_fused(ex, routes, x, out);
+        atomic_fetch_add(&g_fused_count, 1);
+        return MX_OK;
+    }
+    atomic_fetch_add(&g_gather_count, 1);
+    return mx_moe_gather(ex, routes, x, T, out, e);
+}
