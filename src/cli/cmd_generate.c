@@ -1,12 +1,171 @@
-/* cmd_generate.c - `mlxcel generate` (not implemented yet). */
+/* cmd_generate.c - `mlxcel generate`: one prompt in, generated text (or ids)
+ * streamed to stdout; logs and statistics on stderr. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/common.h"
+#include "moe/moe.h"
+#include "util/parallel.h"
+
+static void help(void)
+{
+    printf("usage: mlxcel generate -m DIR (-p TEXT | --chat TEXT | --prompt-ids IDS) [options]\n\n"
+           "Generates a continuation and streams it to stdout (statistics go to stderr).\n\n"
+           "prompt:\n"
+           "  -p, --prompt TEXT       raw prompt text (special tokens in it are recognised)\n"
+           "      --chat TEXT         TEXT as one user message through the chat template\n"
+           "      --system TEXT       system message for --chat\n"
+           "      --no-chat-template  with --chat: use TEXT as the raw prompt\n"
+           "      --prompt-ids IDS    token ids, comma or space separated\n"
+           "output:\n"
+           "      --ids-only          print generated ids (space separated, one line) instead of text\n"
+           "      --keep-special      print special tokens in the text\n"
+           "      --dump-logits FILE  write the logits after the last prompt token (raw f32 LE)\n");
+    cli_common_help();
+    printf("\nDefaults: --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05; --temp 0 is greedy.\n");
+}
+
+typedef struct out_state {
+    int ids_only, n;
+} out_state;
+
+static int on_token(void *ud, int32_t id, const char *text, size_t len)
+{
+    out_state *o = ud;
+    if (o->ids_only) {
+        if (id >= 0)
+            printf(o->n++ ? " %d" : "%d", id);
+    } else if (len) {
+        fwrite(text, 1, len, stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+static void print_stats(const mx_gen_stats *st)
+{
+    mx_moe_stats ms;
+    mx_moe_stats_get(&ms);
+    int fed = st->n_prompt - st->n_cached;
+    fprintf(stderr, "prompt tokens: %d (%d cached)\n", st->n_prompt, st->n_cached);
+    fprintf(stderr, "prefill: %.1f tok/s (%.3f s)\n", st->t_prefill > 0 ? fed / st->t_prefill : 0.0,
+            st->t_prefill);
+    int dec = st->n_gen > 1 ? st->n_gen - 1 : 0;
+    fprintf(stderr, "decode: %.1f tok/s (%d tokens, %.3f s)\n",
+            st->t_decode > 0 && dec ? dec / st->t_decode : 0.0, st->n_gen, st->t_decode);
+    fprintf(stderr, "time to first token: %.3f s\n", st->t_first);
+    fprintf(stderr, "finish: %s\n", st->finish);
+    fprintf(stderr, "peak RSS: %.1f MiB\n", (double)peak_rss_bytes() / 1048576.0);
+    fprintf(stderr, "threads: %d, kernel: %s\n", mx_threads(), mx_qkernels_active()->name);
+    fprintf(stderr, "moe-dispatch fused=%ld gather=%ld\n", ms.fused, ms.gather);
+}
 
 int cmd_generate(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "mlxcel generate: not implemented yet\n");
-    return 1;
+    cli_opts o;
+    cli_opts_init(&o, 0.8f);
+    const char *prompt = NULL, *chat = NULL, *system = NULL, *ids_arg = NULL;
+    int no_template = 0, ids_only = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cli_common_option(argc, argv, &i, &o);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help();
+            return 0;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(prompt = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--chat")) {
+            if (!(chat = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--system")) {
+            if (!(system = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--prompt-ids")) {
+            if (!(ids_arg = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--no-chat-template")) {
+            no_template = 1;
+        } else if (!strcmp(a, "--ids-only")) {
+            ids_only = 1;
+        } else if (!strcmp(a, "--keep-special")) {
+            o.gen.keep_special = 1;
+        } else if (!strcmp(a, "--dump-logits")) {
+            if (!(o.gen.dump_logits = arg_value(argc, argv, &i)))
+                return 2;
+        } else {
+            fprintf(stderr, "mlxcel generate: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!o.model) {
+        fprintf(stderr, "mlxcel generate: -m DIR is required (see --help)\n");
+        return 2;
+    }
+    if (!!prompt + !!chat + !!ids_arg != 1) {
+        fprintf(stderr, "mlxcel generate: give exactly one of -p, --chat, --prompt-ids\n");
+        return 2;
+    }
+
+    mx_err e = {0};
+    mx_engine *g = NULL;
+    int need_tok = ids_arg && ids_only ? MX_TOKENIZER_OPTIONAL : MX_TOKENIZER_REQUIRED;
+    if (mx_engine_load(o.model, need_tok, &g, &e)) {
+        fprintf(stderr, "mlxcel generate: %s\n", e.msg);
+        return 1;
+    }
+    int32_t *ids = NULL;
+    int n = 0, rc = 0;
+    if (ids_arg) {
+        if (arg_ids("--prompt-ids", ids_arg, &ids, &n))
+            rc = 2;
+    } else if (prompt || no_template) {
+        rc = mx_engine_encode(g, prompt ? prompt : chat, &ids, &n, &e);
+    } else {
+        mx_chat_msg msgs[2];
+        size_t nm = 0;
+        if (system)
+            msgs[nm++] = (mx_chat_msg){"system", system};
+        msgs[nm++] = (mx_chat_msg){"user", chat};
+        rc = mx_engine_encode_chat(g, msgs, nm, &ids, &n, NULL, &e);
+    }
+    if (rc == 0 && n == 0)
+        rc = mx_fail(&e, MX_EINVAL, "the prompt is empty (it encodes to no tokens)");
+
+    mx_session *s = NULL;
+    mx_gen_stats st = {0};
+    if (!rc)
+        rc = mx_session_new(g, cli_ctx(&o, g->model), &s, &e);
+    if (!rc) {
+        o.gen.max_tokens = o.max_tokens;
+        out_state os = {.ids_only = ids_only};
+        mx_moe_stats_reset();
+        rc = mx_generate(g, s, ids, n, &o.gen, on_token, &os, &st, &e);
+        /* ids end with a newline; text gets one only on a terminal, so a
+         * script reading stdout sees exactly the generated text */
+        if (ids_only || (!rc && isatty(STDOUT_FILENO)))
+            putchar('\n');
+        fflush(stdout);
+    }
+    if (rc && rc != 2)
+        fprintf(stderr, "mlxcel generate: %s\n", e.msg);
+    if (!rc && o.stats) {
+        print_stats(&st);
+    } else if (!rc && mx_env_flag("MLXCEL_TRACE_MOE", 0)) {
+        mx_moe_stats ms;
+        mx_moe_stats_get(&ms);
+        fprintf(stderr, "moe-dispatch fused=%ld gather=%ld\n", ms.fused, ms.gather);
+    }
+    free(ids);
+    mx_session_free(s);
+    mx_engine_free(g);
+    return rc == 2 ? 2 : rc ? 1 : 0;
 }

@@ -1,0 +1,120 @@
+/* common.c - options shared by generate, chat and serve. */
+#include "cli/common.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "util/parallel.h"
+
+void cli_opts_init(cli_opts *o, float default_temp)
+{
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 256;
+    mx_sample_defaults(&o->gen.sample);
+    o->gen.sample.temperature = default_temp;
+    /* a different draw each run unless --seed is given */
+    o->gen.sample.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    o->gen.stops = o->stops;
+}
+
+void cli_common_help(void)
+{
+    printf("  -m, --model DIR         MLX checkpoint folder (config.json, *.safetensors, tokenizer.json)\n"
+           "  -n, --max-tokens N      tokens to generate (default 256)\n"
+           "  -c, --ctx-size N        context size in tokens (default min(model max, 4096))\n"
+           "  -t, --threads N         worker threads (default: MLXCEL_THREADS or all CPUs)\n"
+           "      --temp T            temperature; 0 = greedy\n"
+           "      --top-k K           keep the K most likely tokens (0 = off, default 40)\n"
+           "      --top-p P           nucleus sampling (1 = off, default 0.95)\n"
+           "      --min-p P           drop tokens below P x the top probability (0 = off, default 0.05)\n"
+           "      --repeat-penalty R  penalise recent tokens (1 = off, default)\n"
+           "      --repeat-last-n N   window for the repetition penalty (default 64)\n"
+           "      --seed S            seed for reproducible sampling\n"
+           "      --stop TEXT         stop when TEXT is generated (repeatable)\n"
+           "      --ignore-eos        keep going past end-of-sequence tokens\n"
+           "      --stats             print timing and dispatch statistics on stderr\n");
+}
+
+int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
+{
+    const char *a = argv[*i], *v;
+    long n;
+    mx_sample_params *sp = &o->gen.sample;
+#define VAL() do { if (!(v = arg_value(argc, argv, i))) return -1; } while (0)
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        VAL();
+        o->model = v;
+    } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
+        VAL();
+        if (arg_long(a, v, 0, 1 << 30, &n))
+            return -1;
+        o->max_tokens = (int)n;
+    } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+        VAL();
+        if (arg_long(a, v, 1, 1 << 24, &n))
+            return -1;
+        o->ctx = (int)n;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        VAL();
+        if (arg_long(a, v, 1, 256, &n))
+            return -1;
+        mx_set_threads((int)n);
+    } else if (!strcmp(a, "--temp") || !strcmp(a, "--temperature")) {
+        VAL();
+        return arg_float(a, v, 0, 100, &sp->temperature) ? -1 : 1;
+    } else if (!strcmp(a, "--top-k")) {
+        VAL();
+        if (arg_long(a, v, 0, 1 << 30, &n))
+            return -1;
+        sp->top_k = (int)n;
+    } else if (!strcmp(a, "--top-p")) {
+        VAL();
+        return arg_float(a, v, 0, 1, &sp->top_p) ? -1 : 1;
+    } else if (!strcmp(a, "--min-p")) {
+        VAL();
+        return arg_float(a, v, 0, 1, &sp->min_p) ? -1 : 1;
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        VAL();
+        return arg_float(a, v, 0.01, 100, &sp->repeat_penalty) ? -1 : 1;
+    } else if (!strcmp(a, "--repeat-last-n")) {
+        VAL();
+        if (arg_long(a, v, 0, 1 << 24, &n))
+            return -1;
+        sp->repeat_last_n = (int)n;
+    } else if (!strcmp(a, "--seed")) {
+        VAL();
+        if (arg_long(a, v, 0, 0x7fffffffffffffffL, &n))
+            return -1;
+        sp->seed = (uint64_t)n;
+    } else if (!strcmp(a, "--stop")) {
+        VAL();
+        if (o->gen.n_stops >= CLI_MAX_STOPS) {
+            fprintf(stderr, "mlxcel: at most %d --stop strings\n", CLI_MAX_STOPS);
+            return -1;
+        }
+        if (!*v) {
+            fprintf(stderr, "mlxcel: --stop needs a non-empty string\n");
+            return -1;
+        }
+        o->stops[o->gen.n_stops++] = v;
+    } else if (!strcmp(a, "--ignore-eos")) {
+        o->gen.ignore_eos = 1;
+    } else if (!strcmp(a, "--stats")) {
+        o->stats = 1;
+    } else {
+        return 0;
+    }
+#undef VAL
+    return 1;
+}
+
+int cli_ctx(const cli_opts *o, const mx_model *m)
+{
+    if (o->ctx > 0)
+        return o->ctx;
+    int mp = m->cfg.max_position_embeddings;
+    return mp > 0 && mp < 4096 ? mp : 4096;
+}

@@ -1,0 +1,83 @@
+/* gen.h - text generation on top of the model: an engine (model + tokenizer
+ * + chat template + EOS ids) and sessions (a sequence plus the ids already in
+ * its KV cache), shared by the CLI, the chat REPL, the server and bench.
+ *
+ * mx_generate() reuses the longest prefix of the new prompt that is already
+ * in the session's cache, prefills the rest, then samples, streams text
+ * through the stream-safe detokenizer and the stop-string filter, and stops
+ * at EOS, a stop string, max_tokens or a full context. */
+#ifndef MX_GEN_H
+#define MX_GEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chat/template.h"
+#include "model/model.h"
+#include "sample/sample.h"
+#include "tokenizer/tokenizer.h"
+
+#define MX_MAX_EOS_IDS 16
+
+typedef struct mx_engine {
+    mx_model *model;
+    mx_tokenizer *tok;           /* NULL when the checkpoint has none */
+    mx_chat_template *tmpl;      /* NULL when there is no tokenizer */
+    int32_t eos[MX_MAX_EOS_IDS];
+    int n_eos;
+} mx_engine;
+
+enum { MX_TOKENIZER_NONE, MX_TOKENIZER_OPTIONAL, MX_TOKENIZER_REQUIRED };
+
+/* Loads the model, and the tokenizer + chat template per `tokenizer`.
+ * EOS ids come from config.json, generation_config.json and the template's
+ * eos_token. */
+int mx_engine_load(const char *dir, int tokenizer, mx_engine **out, mx_err *e);
+void mx_engine_free(mx_engine *g);
+int mx_engine_is_eos(const mx_engine *g, int32_t id);
+
+/* Text -> ids (special tokens in the text are recognised). */
+int mx_engine_encode(const mx_engine *g, const char *text, int32_t **ids, int *n, mx_err *e);
+/* Messages -> template -> ids.  The rendered text goes to *rendered when
+ * that is not NULL (caller frees). */
+int mx_engine_encode_chat(const mx_engine *g, const mx_chat_msg *msgs, size_t n_msgs,
+                          int32_t **ids, int *n, char **rendered, mx_err *e);
+
+typedef struct mx_session {
+    mx_seq *seq;
+    int32_t *ids;                /* tokens whose K/V are in seq (seq->pos of them) */
+    int cap;
+} mx_session;
+
+int mx_session_new(const mx_engine *g, int n_ctx, mx_session **out, mx_err *e);
+void mx_session_free(mx_session *s);
+void mx_session_reset(mx_session *s);
+
+typedef struct mx_gen_opts {
+    int max_tokens;
+    mx_sample_params sample;
+    const char *const *stops;
+    size_t n_stops;
+    int ignore_eos;
+    int keep_special;            /* print special tokens in the text */
+    const char *dump_logits;     /* write the prompt's last logits here (raw f32) */
+} mx_gen_opts;
+
+typedef struct mx_gen_stats {
+    int n_prompt;                /* prompt tokens */
+    int n_cached;                /* of which were already in the cache */
+    int n_gen;                   /* tokens generated */
+    double t_prefill, t_decode;  /* seconds */
+    double t_first;              /* time to first token (from the call) */
+    const char *finish;          /* "stop" (EOS or stop string) or "length" */
+} mx_gen_stats;
+
+/* Called for every generated token with the text it completes (may be empty,
+ * NULL without a tokenizer); a final call with id -1 carries text held back
+ * until the end.  Return nonzero to cancel (finish = "cancelled"). */
+typedef int (*mx_gen_cb)(void *ud, int32_t id, const char *text, size_t len);
+
+int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
+                const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_stats *st, mx_err *e);
+
+#endif
