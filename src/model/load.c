@@ -6,6 +6,7 @@
  * Only norm weights and biases are converted to f32 (small).  Every missing
  * tensor or shape mismatch is an error naming the tensor. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,16 @@
 #include "util/half.h"
 
 #define NAME_MAX_LEN 256
+
+/* Formats a tensor name into a NAME_MAX_LEN buffer (names are short; an
+ * over-long one is truncated and then simply not found). */
+__attribute__((format(printf, 2, 3))) static void tname(char *buf, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, NAME_MAX_LEN, fmt, ap);
+    va_end(ap);
+}
 
 static void *own(mx_model *m, void *p)
 {
@@ -90,9 +101,9 @@ static int load_linear_at(mx_model *m, const char *module, int64_t index, int64_
                           int64_t cols, mx_linear *l, mx_err *e)
 {
     char nw[NAME_MAX_LEN], ns[NAME_MAX_LEN], nb[NAME_MAX_LEN], sh[96];
-    snprintf(nw, sizeof nw, "%s.weight", module);
-    snprintf(ns, sizeof ns, "%s.scales", module);
-    snprintf(nb, sizeof nb, "%s.biases", module);
+    tname(nw, "%s.weight", module);
+    tname(ns, "%s.scales", module);
+    tname(nb, "%s.biases", module);
     memset(l, 0, sizeof *l);
     const mx_tensor *w = mx_st_find(m->st, nw);
     if (!w)
@@ -139,7 +150,7 @@ static int load_linear_at(mx_model *m, const char *module, int64_t index, int64_
     l->rows = rows;
     l->cols = cols;
     char nbias[NAME_MAX_LEN];
-    snprintf(nbias, sizeof nbias, "%s.bias", module);
+    tname(nbias, "%s.bias", module);
     if (index == 0) {   /* stacked experts carry no bias */
         float *bias;
         int rc = load_vector(m, nbias, rows, 1, &bias, e);
@@ -160,13 +171,13 @@ static int load_mlp(mx_model *m, const char *prefix, int64_t ff, mx_mlp *p, mx_e
 {
     char n[NAME_MAX_LEN];
     int rc;
-    snprintf(n, sizeof n, "%s.gate_proj", prefix);
+    tname(n, "%s.gate_proj", prefix);
     if ((rc = load_linear(m, n, ff, m->d, &p->gate, e)))
         return rc;
-    snprintf(n, sizeof n, "%s.up_proj", prefix);
+    tname(n, "%s.up_proj", prefix);
     if ((rc = load_linear(m, n, ff, m->d, &p->up, e)))
         return rc;
-    snprintf(n, sizeof n, "%s.down_proj", prefix);
+    tname(n, "%s.down_proj", prefix);
     return load_linear(m, n, m->d, ff, &p->down, e);
 }
 
@@ -182,7 +193,7 @@ static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex
     ex->down = own(m, calloc((size_t)E, sizeof *ex->down));
     if (!ex->gate || !ex->up || !ex->down)
         return mx_fail(e, MX_ENOMEM, "out of memory for %d experts", E);
-    snprintf(n, sizeof n, "%s.switch_mlp.gate_proj.weight", blk);
+    tname(n, "%s.switch_mlp.gate_proj.weight", blk);
     ex->stacked = mx_st_find(m->st, n) != NULL;
     static const char *stacked_names[3] = {"gate_proj", "up_proj", "down_proj"};
     mx_linear *dst[3] = {ex->gate, ex->up, ex->down};
@@ -191,10 +202,10 @@ static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex
         for (int x = 0; x < E; x++) {
             int rc;
             if (ex->stacked) {
-                snprintf(n, sizeof n, "%s.switch_mlp.%s", blk, stacked_names[p]);
+                tname(n, "%s.switch_mlp.%s", blk, stacked_names[p]);
                 /* the stack must hold exactly E matrices */
                 char nw[NAME_MAX_LEN];
-                snprintf(nw, sizeof nw, "%s.weight", n);
+                tname(nw, "%s.weight", n);
                 const mx_tensor *w = mx_st_find(m->st, nw);
                 if (!w)
                     return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, nw);
@@ -203,7 +214,7 @@ static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex
                                    w->file, nw, E, w->ndim, (long long)w->shape[0]);
                 rc = load_linear_at(m, n, x, rows, cols, &dst[p][x], e);
             } else {
-                snprintf(n, sizeof n, "%s.experts.%d.%s", blk, x, m->fam->expert_proj[p]);
+                tname(n, "%s.experts.%d.%s", blk, x, m->fam->expert_proj[p]);
                 rc = load_linear(m, n, rows, cols, &dst[p][x], e);
             }
             if (rc)
@@ -225,56 +236,56 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
 {
     char p[NAME_MAX_LEN], n[NAME_MAX_LEN];
     int rc;
-    snprintf(p, sizeof p, "model.layers.%d", l);
-    snprintf(n, sizeof n, "%s.input_layernorm.weight", p);
+    tname(p, "model.layers.%d", l);
+    tname(n, "%s.input_layernorm.weight", p);
     if ((rc = load_vector(m, n, m->d, 0, &L->attn_norm, e)))
         return rc;
-    snprintf(n, sizeof n, "%s.post_attention_layernorm.weight", p);
+    tname(n, "%s.post_attention_layernorm.weight", p);
     if ((rc = load_vector(m, n, m->d, 0, &L->ffn_norm, e)))
         return rc;
 
     mx_attn *a = &L->attn;
-    snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
+    tname(n, "%s.self_attn.q_proj", p);
     if ((rc = load_linear(m, n, m->q_dim, m->d, &a->q, e)))
         return rc;
-    snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
+    tname(n, "%s.self_attn.k_proj", p);
     if ((rc = load_linear(m, n, m->kv_dim, m->d, &a->k, e)))
         return rc;
-    snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
+    tname(n, "%s.self_attn.v_proj", p);
     if ((rc = load_linear(m, n, m->kv_dim, m->d, &a->v, e)))
         return rc;
-    snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
+    tname(n, "%s.self_attn.o_proj", p);
     if ((rc = load_linear(m, n, m->d, m->q_dim, &a->o, e)))
         return rc;
     if (m->fam->qk_norm != MX_QK_NORM_NONE) {
         int full = m->fam->qk_norm == MX_QK_NORM_FULL;
-        snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
+        tname(n, "%s.self_attn.q_norm.weight", p);
         if ((rc = load_vector(m, n, full ? m->q_dim : m->head_dim, 0, &a->q_norm, e)))
             return rc;
-        snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
+        tname(n, "%s.self_attn.k_norm.weight", p);
         if ((rc = load_vector(m, n, full ? m->kv_dim : m->head_dim, 0, &a->k_norm, e)))
             return rc;
     }
 
     L->is_moe = layer_is_moe(&m->cfg, l);
     if (!L->is_moe) {
-        snprintf(n, sizeof n, "%s.mlp", p);
+        tname(n, "%s.mlp", p);
         return load_mlp(m, n, m->cfg.intermediate_size, &L->mlp, e);
     }
     mx_moe_block *b = &L->moe;
     char blk[NAME_MAX_LEN];
-    snprintf(blk, sizeof blk, "%s.%s", p, m->fam->moe_block);
-    snprintf(n, sizeof n, "%s.gate", blk);
+    tname(blk, "%s.%s", p, m->fam->moe_block);
+    tname(n, "%s.gate", blk);
     if ((rc = load_linear(m, n, m->n_experts, m->d, &b->router, e)))
         return rc;
     if ((rc = load_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts, e)))
         return rc;
     if (m->fam->shared_expert && m->cfg.shared_expert_intermediate_size > 0) {
         b->has_shared = 1;
-        snprintf(n, sizeof n, "%s.shared_expert", blk);
+        tname(n, "%s.shared_expert", blk);
         if ((rc = load_mlp(m, n, m->cfg.shared_expert_intermediate_size, &b->shared, e)))
             return rc;
-        snprintf(n, sizeof n, "%s.shared_expert_gate", blk);
+        tname(n, "%s.shared_expert_gate", blk);
         if ((rc = load_linear(m, n, 1, m->d, &b->shared_gate, e)))
             return rc;
     }
