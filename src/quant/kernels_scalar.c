@@ -1,0 +1,58 @@
+/* kernels_scalar.c - the reference kernels: plain C, every bit width, written
+ * to be obviously correct rather than fast.  SIMD variants are tested
+ * against these. */
+#include "quant/qint.h"
+
+/* y[r - r0] = sum_g s_g * sum_{c in g} q[r][c] x[c] + b_g * xsum[g] */
+static void matvec_rows_scalar(const mx_qmat *m, const float *x, const float *xsum,
+                               float *y, int64_t r0, int64_t r1)
+{
+    int gs = m->group_size;
+    int64_t ng = mx_qmat_groups(m);
+    uint8_t q[128];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = mx_q_row_ptr(m, r);
+        float acc = 0;
+        for (int64_t g = 0; g < ng; g++) {
+            mx_q_unpack(row, m->bits, g * gs, gs, q);
+            const float *xg = x + g * gs;
+            float d = 0;
+            for (int j = 0; j < gs; j++)
+                d += (float)q[j] * xg[j];
+            float s = mx_q_scalar_at(m->scales, m->sdtype, r * ng + g);
+            float b = mx_q_scalar_at(m->biases, m->sdtype, r * ng + g);
+            acc += s * d + b * xsum[g];
+        }
+        y[r - r0] = acc;
+    }
+}
+
+/* Direct form: dequantize every weight and multiply (a different formula
+ * from matvec on purpose, so the two check each other). */
+static void matmul_rows_scalar(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
+                               float *Y, int64_t ldy, int64_t r0, int64_t r1)
+{
+    int gs = m->group_size;
+    int64_t ng = mx_qmat_groups(m);
+    float w[128];
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t t = 0; t < T; t++)
+            Y[t * ldy + r] = 0;
+        for (int64_t g = 0; g < ng; g++) {
+            mx_q_dequant_generic(m, r, g * gs, gs, w);
+            for (int64_t t = 0; t < T; t++) {
+                const float *xg = X + t * ldx + g * gs;
+                float d = 0;
+                for (int j = 0; j < gs; j++)
+                    d += w[j] * xg[j];
+                Y[t * ldy + r] += d;
+            }
+        }
+    }
+}
+
+const mx_qkernels mx_qk_scalar = {
+    .name = "scalar",
+    .matvec_rows = matvec_rows_scalar,
+    .matmul_rows = matmul_rows_scalar,
+};
