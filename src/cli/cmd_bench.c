@@ -1,12 +1,269 @@
-/* cmd_bench.c - `mlxcel bench` (not implemented yet). */
+/* cmd_bench.c - `mlxcel bench`: prefill and decode speed, fused vs gather,
+ * and how close decode comes to the memory-bandwidth roofline.
+ *
+ * Decode of one token must read every active weight byte once, so
+ * tok/s <= bandwidth / active bytes per token.  The bandwidth is probed in
+ * the same process, beside the measurement, because it varies from run to
+ * run on shared machines. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "cli/args.h"
 #include "cli/commands.h"
+#include "model/model.h"
+#include "moe/moe.h"
+#include "util/membw.h"
+#include "util/parallel.h"
+
+static void help(void)
+{
+    printf("usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [--compare-fused] [--json] [-t N]\n\n"
+           "Measures prefill of an N-token prompt and decode of N tokens (greedy, random prompt ids),\n"
+           "after a warm-up that is not counted; reports min/median/max over the repeats.\n\n"
+           "  -p, --prompt N      prompt tokens (default 128)\n"
+           "  -n, --gen N         decoded tokens per repeat (default 64)\n"
+           "  -r, --repeats N     repeats (default 3)\n"
+           "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
+           "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
+           "                      path (alternating order) and report both and their ratio\n"
+           "      --bw-mb N       size of the bandwidth probe buffer (default 1024 MiB; 0 = skip)\n"
+           "      --json          one JSON object on stdout\n");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct series {
+    double v[64];
+    int n;
+} series;
+
+static void push(series *s, double x) { if (s->n < 64) s->v[s->n++] = x; }
+static double med(const series *s)
+{
+    if (!s->n)
+        return 0;
+    double t[64];
+    memcpy(t, s->v, sizeof(double) * (size_t)s->n);
+    qsort(t, (size_t)s->n, sizeof *t, cmp_double);
+    return t[s->n / 2];
+}
+static double mn(const series *s) { double m = s->n ? s->v[0] : 0; for (int i = 1; i < s->n; i++) if (s->v[i] < m) m = s->v[i]; return m; }
+static double mxv(const series *s) { double m = s->n ? s->v[0] : 0; for (int i = 1; i < s->n; i++) if (s->v[i] > m) m = s->v[i]; return m; }
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* Decodes n tokens from position `pos` (the prompt already in the cache),
+ * returning tok/s. */
+static int decode_run(mx_model *m, mx_seq *s, int pos, int32_t first, int n, float *logits,
+                      double *tok_s, mx_err *e)
+{
+    s->pos = pos;
+    int32_t id = first;
+    double t0 = mx_now();
+    for (int i = 0; i < n; i++) {
+        int rc = mx_forward(m, s, &id, 1, logits, NULL, e);
+        if (rc)
+            return rc;
+        id = argmax(logits, m->vocab);
+    }
+    *tok_s = n / (mx_now() - t0);
+    return MX_OK;
+}
+
+static void line(const char *what, const series *s)
+{
+    printf("%-16s %8.2f tok/s median   (min %.2f, max %.2f, %d runs)\n", what, med(s), mn(s), mxv(s), s->n);
+}
 
 int cmd_bench(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "mlxcel bench: not implemented yet\n");
+    const char *dir = NULL;
+    long np = 128, ng = 64, reps = 3, bw_mb = 1024, v;
+    int compare = 0, json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *s;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help();
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(dir = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 1 << 20, &np))
+                return 2;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--gen")) {
+            if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 1 << 20, &ng))
+                return 2;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--repeats")) {
+            if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 64, &reps))
+                return 2;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 256, &v))
+                return 2;
+            mx_set_threads((int)v);
+        } else if (!strcmp(a, "--bw-mb")) {
+            if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 0, 1 << 20, &bw_mb))
+                return 2;
+        } else if (!strcmp(a, "--compare-fused")) {
+            compare = 1;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else {
+            fprintf(stderr, "mlxcel bench: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "mlxcel bench: -m DIR is required (see --help)\n");
+        return 2;
+    }
+
+    mx_err e = {0};
+    mx_model *m = NULL;
+    double t0 = mx_now();
+    if (mx_model_load(dir, &m, &e)) {
+        fprintf(stderr, "mlxcel bench: %s\n", e.msg);
+        return 1;
+    }
+    double load_s = mx_now() - t0;
+    int32_t *prompt = malloc(sizeof *prompt * (size_t)np);
+    float *logits = malloc(sizeof(float) * (size_t)m->vocab);
+    mx_seq *s = NULL;
+    int rc = mx_seq_new(m, (int)(np + ng + 2), &s, &e);
+    if (rc || !prompt || !logits)
+        goto fail;
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    for (long i = 0; i < np; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        prompt[i] = (int32_t)(seed % (uint64_t)m->vocab);
+    }
+
+    fprintf(stderr, "bench: %s, %d threads, kernel %s, prompt %ld, decode %ld, %ld repeats\n", dir,
+            mx_threads(), mx_qkernels_active()->name, np, ng, reps);
+    /* warm-up (not counted): page in the weights, grow the scratch buffers */
+    double tw = mx_now();
+    if ((rc = mx_forward(m, s, prompt, (int)np, logits, NULL, &e)))
+        goto fail;
+    double ttft_first = mx_now() - tw;
+    int32_t first = argmax(logits, m->vocab);
+    double dummy;
+    if ((rc = decode_run(m, s, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e)))
+        goto fail;
+    fprintf(stderr, "bench: warm-up done (first prefill %.2f s)\n", ttft_first);
+
+    series pre = {0}, dec = {0}, fused = {0}, gather = {0}, ttft = {0};
+    for (long r = 0; r < reps; r++) {
+        s->pos = 0;
+        double ta = mx_now();
+        if ((rc = mx_forward(m, s, prompt, (int)np, logits, NULL, &e)))
+            goto fail;
+        double tp = mx_now() - ta;
+        first = argmax(logits, m->vocab);
+        push(&ttft, mx_now() - ta);
+        push(&pre, np / tp);
+        if (!compare) {
+            double ts;
+            if ((rc = decode_run(m, s, (int)np, first, (int)ng, logits, &ts, &e)))
+                goto fail;
+            push(&dec, ts);
+        } else {
+            /* alternate the order so drift in the machine's speed does not
+             * favour one path */
+            for (int k = 0; k < 2; k++) {
+                int use_fused = (r + k) % 2 == 0;
+                double ts;
+                mx_moe_set_fused(use_fused);
+                if ((rc = decode_run(m, s, (int)np, first, (int)ng, logits, &ts, &e)))
+                    goto fail;
+                push(use_fused ? &fused : &gather, ts);
+                push(&dec, ts);
+            }
+            mx_moe_set_fused(-1);
+        }
+        fprintf(stderr, "bench: repeat %ld/%ld done\n", r + 1, reps);
+    }
+    if (compare)
+        dec = fused;   /* the default path is the fused one */
+
+    double bw = bw_mb > 0 ? mx_membw_probe((size_t)bw_mb << 20, 5) : 0;
+    uint64_t bpt = mx_model_active_bytes(m);
+    double roof = bw > 0 ? med(&dec) * (double)bpt / (bw * 1e9) : 0;
+    long long rss = peak_rss_bytes();
+
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", dir);
+        cJSON_AddStringToObject(o, "model_type", m->cfg.model_type);
+        cJSON_AddNumberToObject(o, "threads", mx_threads());
+        cJSON_AddStringToObject(o, "kernel", mx_qkernels_active()->name);
+        cJSON_AddNumberToObject(o, "prompt_tokens", (double)np);
+        cJSON_AddNumberToObject(o, "gen_tokens", (double)ng);
+        cJSON_AddNumberToObject(o, "repeats", (double)reps);
+        cJSON_AddNumberToObject(o, "prefill_tok_s", med(&pre));
+        cJSON_AddNumberToObject(o, "prefill_tok_s_min", mn(&pre));
+        cJSON_AddNumberToObject(o, "prefill_tok_s_max", mxv(&pre));
+        cJSON_AddNumberToObject(o, "decode_tok_s", med(&dec));
+        cJSON_AddNumberToObject(o, "decode_tok_s_min", mn(&dec));
+        cJSON_AddNumberToObject(o, "decode_tok_s_max", mxv(&dec));
+        if (compare) {
+            cJSON_AddNumberToObject(o, "decode_tok_s_fused", med(&fused));
+            cJSON_AddNumberToObject(o, "decode_tok_s_gather", med(&gather));
+            cJSON_AddNumberToObject(o, "fused_over_gather", med(&gather) > 0 ? med(&fused) / med(&gather) : 0);
+        }
+        cJSON_AddNumberToObject(o, "ttft_s", med(&ttft));
+        cJSON_AddNumberToObject(o, "load_s", load_s);
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)rss);
+        cJSON_AddNumberToObject(o, "weight_bytes_per_token", (double)bpt);
+        cJSON_AddNumberToObject(o, "mem_bw_gbs", bw);
+        cJSON_AddNumberToObject(o, "roofline_fraction", roof);
+        char *str = cJSON_PrintUnformatted(o);
+        printf("%s\n", str);
+        free(str);
+        cJSON_Delete(o);
+    } else {
+        printf("model            %s (%s), %d threads, kernel %s\n", dir, m->cfg.model_type, mx_threads(),
+               mx_qkernels_active()->name);
+        line("prefill", &pre);
+        if (compare) {
+            line("decode fused", &fused);
+            line("decode gather", &gather);
+            printf("fused / gather   %8.3f\n", med(&gather) > 0 ? med(&fused) / med(&gather) : 0);
+        } else {
+            line("decode", &dec);
+        }
+        printf("time to first    %8.3f s (prompt of %ld tokens)\n", med(&ttft), np);
+        printf("load             %8.3f s\n", load_s);
+        printf("weights/token    %8.1f MiB\n", (double)bpt / 1048576.0);
+        if (bw > 0)
+            printf("memory bandwidth %8.1f GB/s (probe, same process)\n", bw);
+        if (roof > 0)
+            printf("roofline         %8.1f %% (decode tok/s x bytes/token / bandwidth)\n", 100 * roof);
+        printf("peak RSS         %8.1f MiB\n", (double)rss / 1048576.0);
+    }
+    mx_seq_free(s);
+    free(prompt);
+    free(logits);
+    mx_model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "mlxcel bench: %s\n", e.msg[0] ? e.msg : "out of memory");
+    mx_seq_free(s);
+    free(prompt);
+    free(logits);
+    mx_model_free(m);
     return 1;
 }
