@@ -1,0 +1,838 @@
+/* synth.c - presets, the tensor plan, the random-but-reproducible weights and
+ * the streaming writer of `mlxcel synth`.
+ *
+ * Sections: presets | options and plan | weight generation (pure functions of
+ * seed, name and row) | expected rows | writing shards with progress. */
+#include "synth/synth.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "quant/quant.h"
+#include "util/half.h"
+#include "util/parallel.h"
+
+/* ---- presets ----------------------------------------------------------- */
+
+static const mx_synth_preset presets[] = {
+    {
+        .name = "tiny", .about = "qwen2_moe miniature for tests and demos (a few MB)",
+        .family = MX_SYNTH_QWEN2_MOE, .model_type = "qwen2_moe",
+        .architecture = "Qwen2MoeForCausalLM",
+        .vocab = 512, .hidden = 128, .intermediate = 256, .layers = 2, .heads = 4,
+        .kv_heads = 2, .head_dim = 32, .experts = 8, .top_k = 2, .moe_intermediate = 128,
+        .shared_intermediate = 256, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 1,
+        .norm_topk_prob = 0, .tied = 0, .qk_norm = MX_SYNTH_QK_NONE, .max_position = 4096,
+        .dtype = MX_BF16, .layout = MX_SYNTH_PER_EXPERT, .chatml_specials = 1,
+    },
+    {
+        .name = "qwen1.5-moe-a2.7b", .about = "Qwen1.5-MoE-A2.7B(-Chat): 60 experts top-4 + shared expert",
+        .family = MX_SYNTH_QWEN2_MOE, .model_type = "qwen2_moe",
+        .architecture = "Qwen2MoeForCausalLM",
+        .vocab = 151936, .hidden = 2048, .intermediate = 5632, .layers = 24, .heads = 16,
+        .kv_heads = 16, .head_dim = 128, .experts = 60, .top_k = 4, .moe_intermediate = 1408,
+        .shared_intermediate = 5632, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 1,
+        .norm_topk_prob = 0, .tied = 0, .qk_norm = MX_SYNTH_QK_NONE, .max_position = 8192,
+        .dtype = MX_F16, .layout = MX_SYNTH_PER_EXPERT, .chatml_specials = 1,
+    },
+    {
+        .name = "olmoe-1b-7b", .about = "OLMoE-1B-7B: 64 experts top-8, full-width q/k norms",
+        .family = MX_SYNTH_OLMOE, .model_type = "olmoe",
+        .architecture = "OlmoeForCausalLM",
+        .vocab = 50304, .hidden = 2048, .intermediate = 1024, .layers = 16, .heads = 16,
+        .kv_heads = 16, .head_dim = 128, .experts = 64, .top_k = 8, .moe_intermediate = 1024,
+        .shared_intermediate = 0, .rope_theta = 10000.0, .rms_eps = 1e-5, .qkv_bias = 0,
+        .norm_topk_prob = 0, .tied = 0, .qk_norm = MX_SYNTH_QK_FULL, .max_position = 4096,
+        .dtype = MX_BF16, .layout = MX_SYNTH_STACKED, .chatml_specials = 1,
+    },
+    {
+        .name = "qwen3-30b-a3b", .about = "Qwen3-30B-A3B: 128 experts top-8, per-head q/k norms",
+        .family = MX_SYNTH_QWEN3_MOE, .model_type = "qwen3_moe",
+        .architecture = "Qwen3MoeForCausalLM",
+        .vocab = 151936, .hidden = 2048, .intermediate = 6144, .layers = 48, .heads = 32,
+        .kv_heads = 4, .head_dim = 128, .experts = 128, .top_k = 8, .moe_intermediate = 768,
+        .shared_intermediate = 0, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 0,
+        .norm_topk_prob = 1, .tied = 0, .qk_norm = MX_SYNTH_QK_PER_HEAD, .max_position = 40960,
+        .dtype = MX_BF16, .layout = MX_SYNTH_STACKED, .chatml_specials = 1,
+    },
+    {
+        .name = "mixtral-8x7b", .about = "Mixtral-8x7B: 8 experts top-2",
+        .family = MX_SYNTH_MIXTRAL, .model_type = "mixtral",
+        .architecture = "MixtralForCausalLM",
+        .vocab = 32000, .hidden = 4096, .intermediate = 14336, .layers = 32, .heads = 32,
+        .kv_heads = 8, .head_dim = 128, .experts = 8, .top_k = 2, .moe_intermediate = 14336,
+        .shared_intermediate = 0, .rope_theta = 1e6, .rms_eps = 1e-5, .qkv_bias = 0,
+        .norm_topk_prob = 1, .tied = 0, .qk_norm = MX_SYNTH_QK_NONE, .max_position = 32768,
+        .dtype = MX_BF16, .layout = MX_SYNTH_PER_EXPERT, .chatml_specials = 0,
+    },
+};
+
+const mx_synth_preset *mx_synth_presets(size_t *n)
+{
+    *n = sizeof presets / sizeof presets[0];
+    return presets;
+}
+
+const mx_synth_preset *mx_synth_find_preset(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(presets[i].name, name))
+            return &presets[i];
+    return NULL;
+}
+
+/* ---- options and plan -------------------------------------------------- */
+
+void mx_synth_opts_default(mx_synth_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->preset = "tiny";
+    o->bits = 4;
+    o->group_size = 64;
+    o->scale_dtype = -1;
+    o->layout = MX_SYNTH_LAYOUT_DEFAULT;
+    o->shard_bytes = 5ull << 30;   /* mlx-lm's max_file_size_gb = 5 */
+}
+
+/* Routers stay at 8 bits, group 64, through per-module overrides, as mlx-lm's
+ * MoE models quantize them. */
+#define ROUTER_BITS 8
+#define ROUTER_GROUP 64
+
+typedef struct plan_builder {
+    mx_synth_plan *plan;
+    size_t cap;
+    mx_err *e;
+} plan_builder;
+
+static mx_synth_tensor *pb_push(plan_builder *b)
+{
+    mx_synth_plan *p = b->plan;
+    if (p->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        mx_synth_tensor *t = realloc(p->t, cap * sizeof *t);
+        if (!t)
+            return NULL;
+        p->t = t;
+        b->cap = cap;
+    }
+    mx_synth_tensor *t = &p->t[p->n++];
+    memset(t, 0, sizeof *t);
+    return t;
+}
+
+/* A quantized linear `module` of nmat stacked [rows, cols] matrices (nmat 0:
+ * plain 2-D) gives three tensors. */
+static int pb_quant(plan_builder *b, const char *module, int64_t nmat, int64_t rows,
+                    int64_t cols, int bits, int gs, float gain)
+{
+    const mx_synth_plan *p = b->plan;
+    if (cols % gs != 0 || (cols * bits) % 32 != 0)
+        return mx_fail(b->e, MX_EINVAL, "synth %s: %s: in features %lld not divisible by "
+                       "group size %d (or not packable at %d bits)", p->p->name, module,
+                       (long long)cols, gs, bits);
+    static const char *const suffix[3] = {"weight", "scales", "biases"};
+    static const mx_synth_kind kinds[3] = {MX_SYNTH_QWEIGHT, MX_SYNTH_QSCALES, MX_SYNTH_QBIASES};
+    for (int k = 0; k < 3; k++) {
+        mx_synth_tensor *t = pb_push(b);
+        if (!t)
+            return mx_fail(b->e, MX_ENOMEM, "synth: out of memory planning tensors");
+        snprintf(t->module, sizeof t->module, "%s", module);
+        snprintf(t->name, sizeof t->name, "%s.%s", module, suffix[k]);
+        t->kind = kinds[k];
+        t->nmat = nmat ? nmat : 1;
+        t->rows = rows;
+        t->cols = cols;
+        t->bits = bits;
+        t->group_size = gs;
+        t->gain = gain;
+        int64_t last = k == 0 ? cols * bits / 32 : cols / gs;
+        t->dtype = k == 0 ? MX_U32 : p->sdtype;
+        t->ndim = nmat ? 3 : 2;
+        int d = 0;
+        if (nmat)
+            t->shape[d++] = nmat;
+        t->shape[d++] = rows;
+        t->shape[d++] = last;
+        t->nbytes = (uint64_t)t->nmat * (uint64_t)rows * (uint64_t)last * 
+                    (uint64_t)(k == 0 ? 4 : mx_dtype_size(p->sdtype));
+    }
+    return MX_OK;
+}
+
+/* A float vector (norm weight or linear bias) in the model dtype. */
+static int pb_vec(plan_builder *b, const char *name, mx_synth_kind kind, int64_t len)
+{
+    mx_synth_tensor *t = pb_push(b);
+    if (!t)
+        return mx_fail(b->e, MX_ENOMEM, "synth: out of memory planning tensors");
+    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->module, sizeof t->module, "%s", name);
+    t->kind = kind;
+    t->dtype = b->plan->p->dtype;
+    t->ndim = 1;
+    t->shape[0] = len;
+    t->nmat = t->rows = 1;
+    t->cols = len;
+    t->nbytes = (uint64_t)len * mx_dtype_size(t->dtype);
+    return MX_OK;
+}
+
+/* Experts of one layer: gate/up [inter, hidden], down [hidden, inter]. */
+static int plan_experts(plan_builder *b, const char *pre, int bits, int gs, float down_gain)
+{
+    const mx_synth_preset *P = b->plan->p;
+    int stacked = b->plan->opts.layout == MX_SYNTH_STACKED;
+    int mixtral = P->family == MX_SYNTH_MIXTRAL;
+    const char *blk = mixtral ? "block_sparse_moe" : "mlp";
+    int64_t E = P->experts, I = P->moe_intermediate, H = P->hidden;
+    char m[MX_SYNTH_NAME_MAX];
+    int rc;
+    if (stacked) {
+        snprintf(m, sizeof m, "%s.%s.switch_mlp.gate_proj", pre, blk);
+        if ((rc = pb_quant(b, m, E, I, H, bits, gs, 1.0f)))
+            return rc;
+        snprintf(m, sizeof m, "%s.%s.switch_mlp.up_proj", pre, blk);
+        if ((rc = pb_quant(b, m, E, I, H, bits, gs, 1.0f)))
+            return rc;
+        snprintf(m, sizeof m, "%s.%s.switch_mlp.down_proj", pre, blk);
+        return pb_quant(b, m, E, H, I, bits, gs, down_gain);
+    }
+    /* Mixtral names its experts w1 (gate), w3 (up), w2 (down). */
+    const char *gn = mixtral ? "w1" : "gate_proj";
+    const char *un = mixtral ? "w3" : "up_proj";
+    const char *dn = mixtral ? "w2" : "down_proj";
+    for (int64_t x = 0; x < E; x++) {
+        snprintf(m, sizeof m, "%s.%s.experts.%lld.%s", pre, blk, (long long)x, gn);
+        if ((rc = pb_quant(b, m, 0, I, H, bits, gs, 1.0f)))
+            return rc;
+        snprintf(m, sizeof m, "%s.%s.experts.%lld.%s", pre, blk, (long long)x, un);
+        if ((rc = pb_quant(b, m, 0, I, H, bits, gs, 1.0f)))
+            return rc;
+        snprintf(m, sizeof m, "%s.%s.experts.%lld.%s", pre, blk, (long long)x, dn);
+        if ((rc = pb_quant(b, m, 0, H, I, bits, gs, down_gain)))
+            return rc;
+    }
+    return MX_OK;
+}
+
+static int plan_layer(plan_builder *b, int i)
+{
+    const mx_synth_preset *P = b->plan->p;
+    int bits = b->plan->opts.bits, gs = b->plan->opts.group_size;
+    int rb = b->plan->router_bits, rg = b->plan->router_group;
+    /* Residual branches scaled down so 2*layers additions keep the residual
+     * stream O(1) (as GPT-2 style initialisation does). */
+    float out_gain = 1.0f / sqrtf(2.0f * (float)P->layers);
+    int64_t H = P->hidden, hd = P->head_dim;
+    int64_t qw = (int64_t)P->heads * hd, kvw = (int64_t)P->kv_heads * hd;
+    char pre[64], m[MX_SYNTH_NAME_MAX];
+    int rc;
+    snprintf(pre, sizeof pre, "model.layers.%d", i);
+
+    snprintf(m, sizeof m, "%s.input_layernorm.weight", pre);
+    if ((rc = pb_vec(b, m, MX_SYNTH_NORM, H)))
+        return rc;
+    snprintf(m, sizeof m, "%s.post_attention_layernorm.weight", pre);
+    if ((rc = pb_vec(b, m, MX_SYNTH_NORM, H)))
+        return rc;
+
+    static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int k = 0; k < 3; k++) {
+        int64_t rows = k == 0 ? qw : kvw;
+        snprintf(m, sizeof m, "%s.self_attn.%s", pre, proj[k]);
+        if ((rc = pb_quant(b, m, 0, rows, H, bits, gs, 1.0f)))
+            return rc;
+        if (P->qkv_bias) {
+            snprintf(m, sizeof m, "%s.self_attn.%s.bias", pre, proj[k]);
+            if ((rc = pb_vec(b, m, MX_SYNTH_LBIAS, rows)))
+                return rc;
+        }
+    }
+    snprintf(m, sizeof m, "%s.self_attn.o_proj", pre);
+    if ((rc = pb_quant(b, m, 0, H, qw, bits, gs, out_gain)))
+        return rc;
+    if (P->qk_norm) {
+        int full = P->qk_norm == MX_SYNTH_QK_FULL;
+        snprintf(m, sizeof m, "%s.self_attn.q_norm.weight", pre);
+        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, full ? qw : hd)))
+            return rc;
+        snprintf(m, sizeof m, "%s.self_attn.k_norm.weight", pre);
+        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, full ? kvw : hd)))
+            return rc;
+    }
+
+    const char *blk = P->family == MX_SYNTH_MIXTRAL ? "block_sparse_moe" : "mlp";
+    snprintf(m, sizeof m, "%s.%s.gate", pre, blk);
+    if ((rc = pb_quant(b, m, 0, P->experts, H, rb, rg, 1.0f)))
+        return rc;
+    if ((rc = plan_experts(b, pre, bits, gs, out_gain)))
+        return rc;
+    if (P->shared_intermediate) {
+        int64_t S = P->shared_intermediate;
+        snprintf(m, sizeof m, "%s.mlp.shared_expert.gate_proj", pre);
+        if ((rc = pb_quant(b, m, 0, S, H, bits, gs, 1.0f)))
+            return rc;
+        snprintf(m, sizeof m, "%s.mlp.shared_expert.up_proj", pre);
+        if ((rc = pb_quant(b, m, 0, S, H, bits, gs, 1.0f)))
+            return rc;
+        snprintf(m, sizeof m, "%s.mlp.shared_expert.down_proj", pre);
+        if ((rc = pb_quant(b, m, 0, H, S, bits, gs, out_gain)))
+            return rc;
+        snprintf(m, sizeof m, "%s.mlp.shared_expert_gate", pre);
+        if ((rc = pb_quant(b, m, 0, 1, H, rb, rg, 1.0f)))
+            return rc;
+    }
+    return MX_OK;
+}
+
+static int cmp_tensor(const void *a, const void *b)
+{
+    return strcmp(((const mx_synth_tensor *)a)->name, ((const mx_synth_tensor *)b)->name);
+}
+
+/* mlx-lm's make_shards: walk the (sorted) tensors and start a new shard when
+ * the next tensor would push the current one past the limit. */
+static void plan_shards(mx_synth_plan *p)
+{
+    uint64_t cur = 0;
+    int k = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        if (cur > 0 && cur + p->t[i].nbytes > p->opts.shard_bytes) {
+            k++;
+            cur = 0;
+        }
+        p->t[i].shard = k;
+        cur += p->t[i].nbytes;
+    }
+    p->nshards = p->n ? k + 1 : 0;
+}
+
+int mx_synth_plan_build(const mx_synth_opts *o, mx_synth_plan *plan, mx_err *e)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->opts = *o;
+    plan->p = mx_synth_find_preset(o->preset);
+    if (!plan->p)
+        return mx_fail(e, MX_EINVAL, "synth: unknown preset '%s'", o->preset ? o->preset : "(null)");
+    if (!mx_qtraits_for(o->bits))
+        return mx_fail(e, MX_EINVAL, "synth: --bits %d is not supported (2, 3, 4, 5, 6, 8)", o->bits);
+    if (!mx_group_size_ok(o->group_size))
+        return mx_fail(e, MX_EINVAL, "synth: --group-size %d is not supported (32, 64, 128)",
+                       o->group_size);
+    plan->sdtype = o->scale_dtype < 0 ? plan->p->dtype : (mx_dtype)o->scale_dtype;
+    if (plan->sdtype != MX_F16 && plan->sdtype != MX_BF16 && plan->sdtype != MX_F32)
+        return mx_fail(e, MX_EINVAL, "synth: scale dtype must be f16, bf16 or f32");
+    if (plan->opts.layout == MX_SYNTH_LAYOUT_DEFAULT)
+        plan->opts.layout = plan->p->layout;
+    if (plan->opts.shard_bytes == 0)
+        plan->opts.shard_bytes = 5ull << 30;
+    plan->router_bits = ROUTER_BITS;
+    plan->router_group = ROUTER_GROUP;
+
+    const mx_synth_preset *P = plan->p;
+    plan_builder b = {plan, 0, e};
+    int rc;
+    int bits = o->bits, gs = o->group_size;
+    /* Embedding rows of unit spread; the output head a little sharper so
+     * greedy decoding has clear margins. */
+    if ((rc = pb_quant(&b, "model.embed_tokens", 0, P->vocab, P->hidden, bits, gs,
+                       sqrtf((float)P->hidden))))
+        goto fail;
+    for (int i = 0; i < P->layers; i++)
+        if ((rc = plan_layer(&b, i)))
+            goto fail;
+    if ((rc = pb_vec(&b, "model.norm.weight", MX_SYNTH_NORM, P->hidden)))
+        goto fail;
+    if (!P->tied && (rc = pb_quant(&b, "lm_head", 0, P->vocab, P->hidden, bits, gs, 2.0f)))
+        goto fail;
+
+    qsort(plan->t, plan->n, sizeof *plan->t, cmp_tensor);
+    for (size_t i = 0; i < plan->n; i++)
+        plan->total_bytes += plan->t[i].nbytes;
+    plan_shards(plan);
+    return MX_OK;
+fail:
+    mx_synth_plan_free(plan);
+    return rc;
+}
+
+void mx_synth_plan_free(mx_synth_plan *plan)
+{
+    if (!plan)
+        return;
+    free(plan->t);
+    plan->t = NULL;
+    plan->n = 0;
+}
+
+const mx_synth_tensor *mx_synth_plan_find(const mx_synth_plan *plan, const char *name)
+{
+    mx_synth_tensor key;
+    size_t len = strlen(name);
+    if (len >= sizeof key.name)
+        return NULL;
+    memcpy(key.name, name, len + 1);
+    return bsearch(&key, plan->t, plan->n, sizeof *plan->t, cmp_tensor);
+}
+
+void mx_synth_shard_name(const mx_synth_plan *plan, int k, char *buf, size_t cap)
+{
+    if (plan->nshards <= 1)
+        snprintf(buf, cap, "model.safetensors");
+    else
+        snprintf(buf, cap, "model-%05d-of-%05d.safetensors", k + 1, plan->nshards);
+}
+
+/* ---- weight generation ------------------------------------------------- */
+
+/* splitmix64's finaliser: a strong 64-bit mixer. */
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_name(uint64_t seed, const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return mix64(h ^ mix64(seed + 0x9e3779b97f4a7c15ull));
+}
+
+/* Independent streams per (module, purpose, matrix, row). */
+enum { STREAM_CODES = 1, STREAM_GROUPS = 2, STREAM_VEC = 3 };
+
+static inline uint64_t row_state(uint64_t base, int stream, int64_t mat, int64_t row)
+{
+    return mix64(base ^ mix64(((uint64_t)mat << 40) ^ (uint64_t)row ^ ((uint64_t)stream << 60)));
+}
+
+static inline uint64_t next64(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ull;
+    return mix64(*s);
+}
+
+static inline float unitf(uint64_t u)   /* [0, 1) */
+{
+    return (float)(u >> 40) * (1.0f / 16777216.0f);
+}
+
+static float round_dtype(float v, mx_dtype t)
+{
+    switch (t) {
+    case MX_F16: return mx_f16_to_f32(mx_f32_to_f16(v));
+    case MX_BF16: return mx_bf16_to_f32(mx_f32_to_bf16(v));
+    default: return v;
+    }
+}
+
+static void store_dtype(void *dst, size_t i, float v, mx_dtype t)
+{
+    switch (t) {
+    case MX_F16: ((uint16_t *)dst)[i] = mx_f32_to_f16(v); break;
+    case MX_BF16: ((uint16_t *)dst)[i] = mx_f32_to_bf16(v); break;
+    default: ((float *)dst)[i] = v; break;
+    }
+}
+
+/* Packed codes of one row: uniform random codes are uniform random bits, so
+ * the row is just random bytes, whatever the bit width. */
+static void gen_codes_row(uint64_t base, int64_t mat, int64_t row, uint8_t *dst, size_t nbytes)
+{
+    uint64_t s = row_state(base, STREAM_CODES, mat, row);
+    size_t i = 0;
+    for (; i + 8 <= nbytes; i += 8) {
+        uint64_t u = next64(&s);
+        memcpy(dst + i, &u, 8);   /* little-endian hosts: byte order of the stream */
+    }
+    if (i < nbytes) {
+        uint64_t u = next64(&s);
+        memcpy(dst + i, &u, nbytes - i);
+    }
+}
+
+/* Scale and bias of each group of one row, rounded to the scale dtype.
+ * Codes are uniform on [0, 2^bits), mean m and std sq; with w = s*q + b,
+ * |s| = sigma/sq gives the row spread sigma and b = -s*m (plus a small
+ * offset) centres it.  A quarter of the scales are negative, as MLX produces
+ * when a group's larger-magnitude extreme is negative. */
+static void gen_groups_row(const mx_synth_tensor *t, uint64_t base, mx_dtype sdt, int64_t mat,
+                           int64_t row, float *scales, float *biases)
+{
+    uint64_t s = row_state(base, STREAM_GROUPS, mat, row);
+    double levels = (double)((1u << t->bits) - 1);
+    float mid = (float)(levels / 2.0);
+    float sq = (float)sqrt(levels * (levels + 2.0) / 12.0);
+    float sigma = t->gain / sqrtf((float)t->cols);
+    int64_t ng = t->cols / t->group_size;
+    for (int64_t g = 0; g < ng; g++) {
+        uint64_t u = next64(&s);
+        float sign = (u & 3) == 0 ? -1.0f : 1.0f;
+        float mag = 0.75f + 0.5f * unitf(u);
+        float sc = round_dtype(sign * mag * sigma / sq, sdt);
+        float off = 0.2f * sigma * (2.0f * unitf(next64(&s)) - 1.0f);
+        scales[g] = sc;
+        biases[g] = round_dtype(-sc * mid + off, sdt);
+    }
+}
+
+/* A norm weight (near 1) or a small linear bias, before dtype rounding. */
+static float gen_vec_value(const mx_synth_tensor *t, uint64_t *s)
+{
+    float u = 2.0f * unitf(next64(s)) - 1.0f;
+    return t->kind == MX_SYNTH_NORM ? 1.0f + 0.1f * u : 0.1f * u;
+}
+
+/* Bytes of one "row" of a tensor as written: matrix rows for quantized
+ * tensors; a float vector is one row. */
+static size_t tensor_row_bytes(const mx_synth_tensor *t)
+{
+    switch (t->kind) {
+    case MX_SYNTH_QWEIGHT: return (size_t)(t->cols * t->bits / 8);
+    case MX_SYNTH_QSCALES:
+    case MX_SYNTH_QBIASES: return (size_t)(t->cols / t->group_size) * mx_dtype_size(t->dtype);
+    default: return (size_t)t->cols * mx_dtype_size(t->dtype);
+    }
+}
+
+/* Fills global row gr (matrix gr / rows, row gr % rows) of tensor t. */
+static void gen_row(const mx_synth_tensor *t, uint64_t base, int64_t gr, uint8_t *dst,
+                    float *tmp /* 2 * groups floats */)
+{
+    int64_t mat = gr / t->rows, row = gr % t->rows;
+    switch (t->kind) {
+    case MX_SYNTH_QWEIGHT:
+        gen_codes_row(base, mat, row, dst, tensor_row_bytes(t));
+        break;
+    case MX_SYNTH_QSCALES:
+    case MX_SYNTH_QBIASES: {
+        int64_t ng = t->cols / t->group_size;
+        gen_groups_row(t, base, t->dtype, mat, row, tmp, tmp + ng);
+        const float *src = t->kind == MX_SYNTH_QSCALES ? tmp : tmp + ng;
+        for (int64_t g = 0; g < ng; g++)
+            store_dtype(dst, (size_t)g, src[g], t->dtype);
+        break;
+    }
+    default: {
+        uint64_t s = row_state(base, STREAM_VEC, 0, 0);
+        for (int64_t c = 0; c < t->cols; c++)
+            store_dtype(dst, (size_t)c, gen_vec_value(t, &s), t->dtype);
+        break;
+    }
+    }
+}
+
+/* ---- expected rows ----------------------------------------------------- */
+
+/* Element k of a little-endian bit stream of `bits`-bit codes. */
+static uint32_t unpack_code(const uint8_t *row, int64_t k, int bits)
+{
+    uint64_t bit = (uint64_t)k * (uint64_t)bits;
+    uint32_t v = 0;
+    for (int j = 0; j < bits; j++, bit++)
+        v |= (uint32_t)((row[bit >> 3] >> (bit & 7)) & 1u) << j;
+    return v;
+}
+
+int mx_synth_expected_row(const mx_synth_plan *plan, const char *name, int64_t index,
+                          int64_t row, float *out, mx_err *e)
+{
+    const mx_synth_tensor *t = mx_synth_plan_find(plan, name);
+    char buf[MX_SYNTH_NAME_MAX + 8];
+    if (!t) {   /* a module path: its .weight */
+        snprintf(buf, sizeof buf, "%s.weight", name);
+        t = mx_synth_plan_find(plan, buf);
+        if (t && t->kind != MX_SYNTH_QWEIGHT)
+            t = NULL;
+    }
+    if (!t)
+        return mx_fail(e, MX_EINVAL, "synth: no tensor or module '%s' in the plan", name);
+    if (index < 0 || index >= t->nmat || row < 0 || row >= t->rows)
+        return mx_fail(e, MX_ERANGE, "synth: %s: matrix %lld row %lld out of range",
+                       t->name, (long long)index, (long long)row);
+    uint64_t base = hash_name(plan->opts.seed, t->module);
+    if (t->kind == MX_SYNTH_NORM || t->kind == MX_SYNTH_LBIAS) {
+        uint64_t s = row_state(base, STREAM_VEC, 0, 0);
+        for (int64_t c = 0; c < t->cols; c++)
+            out[c] = round_dtype(gen_vec_value(t, &s), t->dtype);
+        return MX_OK;
+    }
+    int64_t ng = t->cols / t->group_size;
+    size_t rb = (size_t)(t->cols * t->bits / 8);
+    uint8_t *codes = malloc(rb);
+    float *gs = malloc(2 * (size_t)ng * sizeof *gs);
+    if (!codes || !gs) {
+        free(codes);
+        free(gs);
+        return mx_fail(e, MX_ENOMEM, "synth: out of memory");
+    }
+    gen_codes_row(base, index, row, codes, rb);
+    gen_groups_row(t, base, plan->sdtype, index, row, gs, gs + ng);
+    for (int64_t c = 0; c < t->cols; c++) {
+        int64_t g = c / t->group_size;
+        out[c] = gs[g] * (float)unpack_code(codes, c, t->bits) + gs[ng + g];
+    }
+    free(codes);
+    free(gs);
+    return MX_OK;
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+typedef struct progress {
+    int on, tty;
+    uint64_t total, done;
+    double t0, last;
+    int last_pct;
+} progress;
+
+static void progress_show(progress *pg, int final)
+{
+    if (!pg->on)
+        return;
+    double now = mx_now();
+    int pct = pg->total ? (int)(100.0 * (double)pg->done / (double)pg->total) : 100;
+    /* On a terminal redraw twice a second; into a log, a line per 10%. */
+    if (!final && (pg->tty ? now - pg->last < 0.5 : pct / 10 == pg->last_pct / 10))
+        return;
+    pg->last = now;
+    pg->last_pct = pct;
+    double el = now - pg->t0;
+    double mbs = el > 0 ? (double)pg->done / 1e6 / el : 0.0;
+    fprintf(stderr, "%ssynth: %3d%%  %.2f / %.2f GB  %.0f MB/s%s", pg->tty ? "\r" : "",
+            pct, (double)pg->done / 1e9, (double)pg->total / 1e9, mbs,
+            pg->tty && !final ? "" : "\n");
+    fflush(stderr);
+}
+
+/* Rows per generated chunk: about 32 MB, at least one row. */
+#define CHUNK_BYTES (32u << 20)
+
+static int write_tensor(mx_st_writer *w, const mx_synth_tensor *t, uint64_t seed, uint8_t *buf,
+                        progress *pg, mx_err *e)
+{
+    uint64_t base = hash_name(seed, t->module);
+    size_t rb = tensor_row_bytes(t);
+    int64_t nrows = t->nmat * t->rows;
+    int64_t chunk = (int64_t)(CHUNK_BYTES / rb);
+    if (chunk < 1)
+        chunk = 1;
+    int64_t ng = t->cols / (t->group_size ? t->group_size : 1);
+    for (int64_t r0 = 0; r0 < nrows; r0 += chunk) {
+        int64_t r1 = r0 + chunk < nrows ? r0 + chunk : nrows;
+        int fail = 0;
+        /* Rows are independent pure functions: split them over threads. */
+#pragma omp parallel num_threads(r1 - r0 > 16 ? mx_threads() : 1) reduction(| : fail)
+        {
+            float *tmp = malloc(2 * (size_t)(ng > 0 ? ng : 1) * sizeof *tmp);
+            if (!tmp)
+                fail = 1;
+#pragma omp for schedule(static)
+            for (int64_t r = r0; r < r1; r++)
+                if (tmp)
+                    gen_row(t, base, r, buf + (size_t)(r - r0) * rb, tmp);
+            free(tmp);
+        }
+        if (fail)
+            return mx_fail(e, MX_ENOMEM, "synth: out of memory generating %s", t->name);
+        size_t nb = (size_t)(r1 - r0) * rb;
+        int rc = mx_st_writer_write(w, buf, nb, e);
+        if (rc)
+            return rc;
+        pg->done += nb;
+        progress_show(pg, 0);
+    }
+    return MX_OK;
+}
+
+static int write_shard(const mx_synth_plan *plan, int k, const char *dir, uint8_t *buf,
+                       progress *pg, mx_err *e)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < plan->n; i++)
+        n += plan->t[i].shard == k;
+    mx_st_decl *decls = calloc(n ? n : 1, sizeof *decls);
+    const mx_synth_tensor **ts = calloc(n ? n : 1, sizeof *ts);
+    if (!decls || !ts) {
+        free(decls);
+        free(ts);
+        return mx_fail(e, MX_ENOMEM, "synth: out of memory");
+    }
+    size_t j = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const mx_synth_tensor *t = &plan->t[i];
+        if (t->shard != k)
+            continue;
+        ts[j] = t;
+        decls[j].name = t->name;
+        decls[j].dtype = t->dtype;
+        decls[j].ndim = t->ndim;
+        for (int d = 0; d < t->ndim; d++)
+            decls[j].shape[d] = t->shape[d];
+        j++;
+    }
+    char fname[64], path[4096];
+    mx_synth_shard_name(plan, k, fname, sizeof fname);
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    mx_st_writer *w = NULL;
+    int rc = mx_st_writer_open(path, decls, n, &w, e);
+    for (size_t i = 0; rc == MX_OK && i < n; i++)
+        rc = write_tensor(w, ts[i], plan->opts.seed, buf, pg, e);
+    if (w) {
+        mx_err e2;
+        int rc2 = mx_st_writer_close(w, rc ? &e2 : e);
+        if (!rc)
+            rc = rc2;
+    }
+    free(decls);
+    free(ts);
+    return rc;
+}
+
+static int write_index(const mx_synth_plan *plan, const char *dir, mx_err *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(root, "metadata");
+    cJSON_AddNumberToObject(meta, "total_size", (double)plan->total_bytes);
+    cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
+    char fname[64];
+    for (size_t i = 0; i < plan->n; i++) {
+        mx_synth_shard_name(plan, plan->t[i].shard, fname, sizeof fname);
+        cJSON_AddStringToObject(map, plan->t[i].name, fname);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text)
+        return mx_fail(e, MX_ENOMEM, "synth: out of memory writing the index");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "wb");
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    free(text);
+    if (!ok)
+        return mx_fail(e, MX_EIO, "%s: cannot write: %s", path, strerror(errno));
+    return MX_OK;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *dir, mx_err *e)
+{
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return mx_fail(e, MX_EINVAL, "synth: output path too long");
+    for (char *c = p + 1; ; c++) {
+        if (*c == '/' || *c == 0) {
+            char save = *c;
+            *c = 0;
+            if (mkdir(p, 0777) != 0 && errno != EEXIST)
+                return mx_fail(e, MX_EIO, "%s: cannot create directory: %s", p, strerror(errno));
+            *c = save;
+            if (!save)
+                break;
+        }
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return mx_fail(e, MX_EIO, "%s: not a directory", dir);
+    return MX_OK;
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* Refuses a non-empty dir without force; with force removes the weight files
+ * a previous checkpoint left (stale shards would otherwise be loaded when no
+ * index names them). */
+static int prepare_dir(const char *dir, int force, mx_err *e)
+{
+    int rc = make_dirs(dir, e);
+    if (rc)
+        return rc;
+    DIR *d = opendir(dir);
+    if (!d)
+        return mx_fail(e, MX_EIO, "%s: cannot open: %s", dir, strerror(errno));
+    int nonempty = 0;
+    struct dirent *de;
+    char path[4096];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        nonempty = 1;
+        if (!force)
+            break;
+        if (ends_with(de->d_name, ".safetensors") ||
+            !strcmp(de->d_name, "model.safetensors.index.json")) {
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            if (unlink(path) != 0) {
+                closedir(d);
+                return mx_fail(e, MX_EIO, "%s: cannot remove: %s", path, strerror(errno));
+            }
+        }
+    }
+    closedir(d);
+    if (nonempty && !force)
+        return mx_fail(e, MX_EINVAL, "%s: directory is not empty (use --force to replace "
+                       "the checkpoint in it)", dir);
+    return MX_OK;
+}
+
+int mx_synth_write(const mx_synth_opts *o, const char *dir, mx_err *e)
+{
+    mx_synth_plan plan;
+    int rc = mx_synth_plan_build(o, &plan, e);
+    if (rc)
+        return rc;
+    uint8_t *buf = NULL;
+    if ((rc = prepare_dir(dir, o->force, e)))
+        goto done;
+    /* Buffer for one chunk: 32 MB, or one row when a row is larger. */
+    size_t cap = CHUNK_BYTES;
+    for (size_t i = 0; i < plan.n; i++) {
+        size_t rb = tensor_row_bytes(&plan.t[i]);
+        if (rb > cap)
+            cap = rb;
+    }
+    buf = malloc(cap);
+    if (!buf) {
+        rc = mx_fail(e, MX_ENOMEM, "synth: out of memory (%zu byte buffer)", cap);
+        goto done;
+    }
+    progress pg = {.on = o->progress, .tty = isatty(2), .total = plan.total_bytes,
+                   .t0 = mx_now(), .last_pct = -100};
+    if (pg.on)
+        fprintf(stderr, "synth: %s -> %s: %zu tensors, %.2f GB in %d file%s\n",
+                plan.p->name, dir, plan.n, (double)plan.total_bytes / 1e9, plan.nshards,
+                plan.nshards == 1 ? "" : "s");
+    if ((rc = mx_synth_write_config(&plan, dir, e)) || (rc = mx_synth_write_tokenizer(&plan, dir, e)))
+        goto done;
+    for (int k = 0; k < plan.nshards && rc == MX_OK; k++)
+        rc = write_shard(&plan, k, dir, buf, &pg, e);
+    if (rc == MX_OK && plan.nshards > 1)
+        rc = write_index(&plan, dir, e);
+    if (rc == MX_OK && pg.on) {
+        progress_show(&pg, 1);
+        double el = mx_now() - pg.t0;
+        fprintf(stderr, "synth: wrote %s in %.1f s\n", dir, el);
+    }
+done:
+    free(buf);
+    mx_synth_plan_free(&plan);
+    return rc;
+}

@@ -1,0 +1,599 @@
+/* test_synth.c - synthetic checkpoints: the `tiny` preset written in every
+ * layout / bit width / group size / scale dtype combination is read back with
+ * the safetensors reader and the dequantizer, and must reproduce exactly the
+ * weights synth meant to write; names, dtypes and shapes are checked against
+ * the architecture; config.json, the index of a sharded checkpoint and
+ * tokenizer.json are checked for consistency. */
+#include <dirent.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "format/config.h"
+#include "format/safetensors.h"
+#include "quant/quant.h"
+#include "synth/synth.h"
+#include "test.h"
+#include "util/half.h"
+
+/* ---- temp dirs --------------------------------------------------------- */
+
+static void rm_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    char p[4096];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static char *make_tmp(void)
+{
+    const char *base = getenv("TMPDIR");
+    char tmpl[4096];
+    snprintf(tmpl, sizeof tmpl, "%s/mlxcel_synth_XXXXXX", base && *base ? base : "/tmp");
+    char *d = mkdtemp(tmpl);
+    return d ? strdup(d) : NULL;
+}
+
+static float to_f32(const void *p, size_t i, mx_dtype t)
+{
+    switch (t) {
+    case MX_F16: return mx_f16_to_f32(((const uint16_t *)p)[i]);
+    case MX_BF16: return mx_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+/* ---- the shapes an architecture implies (written independently of the
+ * plan, from the preset dimensions and mlx-lm's naming) ------------------ */
+
+typedef struct expect {
+    char name[160];
+    mx_dtype dtype;
+    int ndim;
+    int64_t shape[3];
+} expect;
+
+typedef struct expect_list {
+    expect *v;
+    int n, cap;
+} expect_list;
+
+static void ex_add(expect_list *l, const char *name, mx_dtype t, int ndim, int64_t a, int64_t b,
+                   int64_t c)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->v = realloc(l->v, (size_t)l->cap * sizeof *l->v);
+    }
+    expect *x = &l->v[l->n++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->dtype = t;
+    x->ndim = ndim;
+    x->shape[0] = a;
+    x->shape[1] = b;
+    x->shape[2] = c;
+}
+
+/* Quantized linear [E?, out, in] at bits/gs. */
+static void ex_quant(expect_list *l, const char *m, int64_t E, int64_t out, int64_t in, int bits,
+                     int gs, mx_dtype sdt)
+{
+    char n[160];
+    int nd = E ? 3 : 2;
+    int64_t s0 = E ? E : out, s1 = E ? out : in * bits / 32, s2 = E ? in * bits / 32 : 0;
+    snprintf(n, sizeof n, "%s.weight", m);
+    ex_add(l, n, MX_U32, nd, s0, s1, s2);
+    s1 = E ? out : in / gs;
+    s2 = E ? in / gs : 0;
+    snprintf(n, sizeof n, "%s.scales", m);
+    ex_add(l, n, sdt, nd, s0, s1, s2);
+    snprintf(n, sizeof n, "%s.biases", m);
+    ex_add(l, n, sdt, nd, s0, s1, s2);
+}
+
+/* tiny: qwen2_moe, vocab 512, hidden 128, 2 layers, 4 heads / 2 kv (dim 32),
+ * 8 experts of width 128, shared expert 256, q/k/v bias, untied, bf16. */
+static void expect_tiny(expect_list *l, int stacked, int bits, int gs, mx_dtype sdt)
+{
+    const mx_dtype md = MX_BF16;
+    char m[160];
+    ex_quant(l, "model.embed_tokens", 0, 512, 128, bits, gs, sdt);
+    ex_quant(l, "lm_head", 0, 512, 128, bits, gs, sdt);
+    ex_add(l, "model.norm.weight", md, 1, 128, 0, 0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(m, sizeof m, "model.layers.%d.input_layernorm.weight", i);
+        ex_add(l, m, md, 1, 128, 0, 0);
+        snprintf(m, sizeof m, "model.layers.%d.post_attention_layernorm.weight", i);
+        ex_add(l, m, md, 1, 128, 0, 0);
+        static const char *const qkv[3] = {"q", "k", "v"};
+        for (int k = 0; k < 3; k++) {
+            int64_t out = k == 0 ? 128 : 64;
+            snprintf(m, sizeof m, "model.layers.%d.self_attn.%s_proj", i, qkv[k]);
+            ex_quant(l, m, 0, out, 128, bits, gs, sdt);
+            snprintf(m, sizeof m, "model.layers.%d.self_attn.%s_proj.bias", i, qkv[k]);
+            ex_add(l, m, md, 1, out, 0, 0);
+        }
+        snprintf(m, sizeof m, "model.layers.%d.self_attn.o_proj", i);
+        ex_quant(l, m, 0, 128, 128, bits, gs, sdt);
+        snprintf(m, sizeof m, "model.layers.%d.mlp.gate", i);
+        ex_quant(l, m, 0, 8, 128, 8, 64, sdt);
+        snprintf(m, sizeof m, "model.layers.%d.mlp.shared_expert_gate", i);
+        ex_quant(l, m, 0, 1, 128, 8, 64, sdt);
+        snprintf(m, sizeof m, "model.layers.%d.mlp.shared_expert.gate_proj", i);
+        ex_quant(l, m, 0, 256, 128, bits, gs, sdt);
+        snprintf(m, sizeof m, "model.layers.%d.mlp.shared_expert.up_proj", i);
+        ex_quant(l, m, 0, 256, 128, bits, gs, sdt);
+        snprintf(m, sizeof m, "model.layers.%d.mlp.shared_expert.down_proj", i);
+        ex_quant(l, m, 0, 128, 256, bits, gs, sdt);
+        if (stacked) {
+            snprintf(m, sizeof m, "model.layers.%d.mlp.switch_mlp.gate_proj", i);
+            ex_quant(l, m, 8, 128, 128, bits, gs, sdt);
+            snprintf(m, sizeof m, "model.layers.%d.mlp.switch_mlp.up_proj", i);
+            ex_quant(l, m, 8, 128, 128, bits, gs, sdt);
+            snprintf(m, sizeof m, "model.layers.%d.mlp.switch_mlp.down_proj", i);
+            ex_quant(l, m, 8, 128, 128, bits, gs, sdt);
+        } else {
+            for (int x = 0; x < 8; x++) {
+                snprintf(m, sizeof m, "model.layers.%d.mlp.experts.%d.gate_proj", i, x);
+                ex_quant(l, m, 0, 128, 128, bits, gs, sdt);
+                snprintf(m, sizeof m, "model.layers.%d.mlp.experts.%d.up_proj", i, x);
+                ex_quant(l, m, 0, 128, 128, bits, gs, sdt);
+                snprintf(m, sizeof m, "model.layers.%d.mlp.experts.%d.down_proj", i, x);
+                ex_quant(l, m, 0, 128, 128, bits, gs, sdt);
+            }
+        }
+    }
+}
+
+/* ---- checks ------------------------------------------------------------ */
+
+static void check_shapes(const mx_st_set *set, const expect_list *l)
+{
+    CHECKF(mx_st_count(set) == (size_t)l->n, "%zu tensors in file, %d expected",
+           mx_st_count(set), l->n);
+    for (int i = 0; i < l->n; i++) {
+        const expect *x = &l->v[i];
+        const mx_tensor *t = mx_st_find(set, x->name);
+        CHECKF(t != NULL, "missing %s", x->name);
+        if (!t)
+            continue;
+        int ok = t->dtype == x->dtype && t->ndim == x->ndim;
+        for (int d = 0; ok && d < x->ndim; d++)
+            ok = t->shape[d] == x->shape[d];
+        CHECKF(ok, "%s: %s ndim %d [%lld %lld %lld], expected %s ndim %d [%lld %lld %lld]",
+               x->name, mx_dtype_name(t->dtype), t->ndim, (long long)t->shape[0],
+               (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)(t->ndim > 2 ? t->shape[2] : 0),
+               mx_dtype_name(x->dtype), x->ndim, (long long)x->shape[0], (long long)x->shape[1],
+               (long long)x->shape[2]);
+    }
+}
+
+/* Every quantized row dequantizes to exactly what synth meant; every float
+ * vector holds its expected values.  Also: the config's quantization block
+ * names the bits/group each module was written with, some scales are
+ * negative and rows have the intended spread. */
+static void check_values(const mx_st_set *set, const mx_synth_plan *plan, const mx_config *cfg)
+{
+    int64_t rows_checked = 0, bad_rows = 0, neg_scales = 0, scales_seen = 0;
+    int bad_spread = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const mx_synth_tensor *pt = &plan->t[i];
+        if (pt->kind == MX_SYNTH_QSCALES || pt->kind == MX_SYNTH_QBIASES)
+            continue;
+        const mx_tensor *t = mx_st_find(set, pt->name);
+        if (!t)
+            continue;   /* reported by check_shapes */
+        float *want = malloc((size_t)pt->cols * sizeof *want);
+        float *got = malloc((size_t)pt->cols * sizeof *got);
+        mx_err e;
+        if (pt->kind != MX_SYNTH_QWEIGHT) {
+            CHECK_OK(mx_synth_expected_row(plan, pt->name, 0, 0, want, &e), &e);
+            int same = 1;
+            for (int64_t c = 0; c < pt->cols; c++)
+                same &= to_f32(t->data, (size_t)c, t->dtype) == want[c];
+            CHECKF(same, "%s: float values differ from expected", pt->name);
+            if (pt->kind == MX_SYNTH_NORM)
+                CHECKF(want[0] > 0.85f && want[0] < 1.15f, "%s: norm weight %g not near 1",
+                       pt->name, want[0]);
+            free(want);
+            free(got);
+            continue;
+        }
+        char sn[160], bn[160];
+        snprintf(sn, sizeof sn, "%s.scales", pt->module);
+        snprintf(bn, sizeof bn, "%s.biases", pt->module);
+        const mx_tensor *ts = mx_st_find(set, sn), *tb = mx_st_find(set, bn);
+        int cbits = 0, cgs = 0;
+        int q = mx_quant_for(&cfg->quant, pt->module, &cbits, &cgs);
+        CHECKF(q == 1 && cbits == pt->bits && cgs == pt->group_size,
+               "%s: config says bits %d group %d, written %d/%d", pt->module, cbits, cgs,
+               pt->bits, pt->group_size);
+        for (int64_t m = 0; m < pt->nmat; m++) {
+            mx_qmat qm;
+            /* bits <= 0: infer from shapes, which must agree with the config */
+            int rc = mx_qmat_from_tensors(t, ts, tb, -1, cgs, m, pt->module, &qm, &e);
+            CHECK_OK(rc, &e);
+            if (rc)
+                break;
+            CHECKF(qm.bits == pt->bits, "%s: inferred bits %d", pt->module, qm.bits);
+            double sum2 = 0;
+            for (int64_t r = 0; r < pt->rows; r++) {
+                CHECK_OK(mx_synth_expected_row(plan, pt->module, m, r, want, &e), &e);
+                mx_qmat_row(&qm, r, got);
+                rows_checked++;
+                if (memcmp(want, got, (size_t)pt->cols * sizeof *got) != 0) {
+                    if (bad_rows++ < 5)
+                        fprintf(stderr, "%s[%lld][%lld]: dequantized row differs (%g vs %g)\n",
+                                pt->module, (long long)m, (long long)r, got[0], want[0]);
+                }
+                /* spot check the element accessor too */
+                CHECK(mx_qmat_get(&qm, r, pt->cols - 1) == want[pt->cols - 1]);
+                for (int64_t c = 0; c < pt->cols; c++)
+                    sum2 += (double)want[c] * want[c];
+                int64_t ng = pt->cols / pt->group_size;
+                for (int64_t g = 0; g < ng; g++) {
+                    float s = to_f32(qm.scales, (size_t)(r * ng + g), qm.sdtype);
+                    neg_scales += s < 0;
+                    scales_seen++;
+                }
+            }
+            /* rms of the weights ~ gain / sqrt(fan_in) */
+            double rms = sqrt(sum2 / (double)(pt->rows * pt->cols));
+            double target = pt->gain / sqrt((double)pt->cols);
+            if (!(rms > 0.6 * target && rms < 1.6 * target) && bad_spread++ < 5)
+                fprintf(stderr, "%s: rms %g, intended %g\n", pt->module, rms, target);
+        }
+        free(want);
+        free(got);
+    }
+    CHECKF(bad_rows == 0, "%lld of %lld rows differ", (long long)bad_rows, (long long)rows_checked);
+    CHECKF(bad_spread == 0, "%d matrices with the wrong spread", bad_spread);
+    CHECKF(neg_scales > scales_seen / 10 && neg_scales < scales_seen / 2,
+           "%lld negative scales of %lld", (long long)neg_scales, (long long)scales_seen);
+    CHECK(rows_checked > 1000);
+}
+
+static void check_config(const char *dir, int bits, int gs)
+{
+    mx_config c;
+    mx_err e;
+    memset(&c, 0, sizeof c);
+    int rc = mx_config_load(dir, &c, &e);
+    CHECK_OK(rc, &e);
+    if (rc)
+        return;
+    CHECK(!strcmp(c.model_type, "qwen2_moe"));
+    CHECK(c.vocab_size == 512 && c.hidden_size == 128 && c.num_hidden_layers == 2);
+    CHECK(c.num_attention_heads == 4 && c.num_key_value_heads == 2);
+    CHECK(c.num_experts == 8 && c.num_experts_per_tok == 2);
+    CHECK(c.moe_intermediate_size == 128 && c.shared_expert_intermediate_size == 256);
+    CHECK(c.intermediate_size == 256);
+    CHECK(c.norm_topk_prob == 0 && c.tie_word_embeddings == 0);
+    CHECK(fabs(c.rope_theta - 1e6) < 1e-3 && fabs(c.rms_norm_eps - 1e-6) < 1e-12);
+    CHECK(c.quant.present && c.quant.bits == bits && c.quant.group_size == gs);
+    CHECK(c.n_eos >= 1 && c.eos_token_ids[0] == 511);
+    int b = 0, g = 0;
+    CHECK(mx_quant_for(&c.quant, "model.layers.1.mlp.gate", &b, &g) == 1 && b == 8 && g == 64);
+    CHECK(mx_quant_for(&c.quant, "model.layers.1.mlp.shared_expert_gate", &b, &g) == 1 && b == 8);
+    CHECK(mx_quant_for(&c.quant, "model.layers.1.mlp.shared_expert.gate_proj", &b, &g) == 1 &&
+          b == bits && g == gs);
+    mx_config_free(&c);
+}
+
+/* tokenizer.json: every id < vocab_size present exactly once (vocab + added
+ * tokens), merges only join existing tokens into the token of id 256 + i,
+ * specials at the top. */
+static void check_tokenizer(const char *dir, int vocab)
+{
+    char path[4096], *text = NULL;
+    size_t len;
+    mx_err e;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    CHECK_OK(mx_read_file(path, &text, &len, &e), &e);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK(root != NULL);
+    if (!root)
+        return;
+    cJSON *model = cJSON_GetObjectItem(root, "model");
+    cJSON *v = cJSON_GetObjectItem(model, "vocab");
+    cJSON *merges = cJSON_GetObjectItem(model, "merges");
+    cJSON *added = cJSON_GetObjectItem(root, "added_tokens");
+    CHECK(cJSON_IsObject(v) && cJSON_IsArray(merges) && cJSON_IsArray(added));
+    char *seen = calloc((size_t)vocab, 1);
+    int dup = 0, out_of_range = 0, n = 0;
+    cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        int id = it->valueint;
+        n++;
+        if (id < 0 || id >= vocab)
+            out_of_range++;
+        else
+            dup += seen[id]++ > 0;
+    }
+    cJSON_ArrayForEach(it, added) {
+        int id = cJSON_GetObjectItem(it, "id")->valueint;
+        n++;
+        if (id < 0 || id >= vocab)
+            out_of_range++;
+        else
+            dup += seen[id]++ > 0;
+    }
+    CHECKF(n == vocab && dup == 0 && out_of_range == 0, "%d tokens, %d dup, %d out of range",
+           n, dup, out_of_range);
+    CHECK(!strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(added, 2), "content")->valuestring,
+                  "<|im_end|>"));
+    CHECK(cJSON_GetObjectItem(cJSON_GetArrayItem(added, 2), "id")->valueint == vocab - 1);
+    CHECK(cJSON_GetArraySize(merges) == vocab - 3 - 256);
+    int bad = 0, i = 0;
+    cJSON_ArrayForEach(it, merges) {
+        const char *a = cJSON_GetArrayItem(it, 0)->valuestring;
+        const char *b = cJSON_GetArrayItem(it, 1)->valuestring;
+        char joined[256];
+        snprintf(joined, sizeof joined, "%s%s", a, b);
+        cJSON *ia = cJSON_GetObjectItem(v, a), *ib = cJSON_GetObjectItem(v, b);
+        cJSON *ij = cJSON_GetObjectItem(v, joined);
+        if (!ia || !ib || !ij || ij->valueint != 256 + i || ia->valueint >= ij->valueint ||
+            ib->valueint >= ij->valueint)
+            bad++;
+        i++;
+    }
+    CHECKF(bad == 0, "%d bad merges", bad);
+    /* byte tokens: "!" is 0 and the space maps to U+0120 (id 220), as in GPT-2 */
+    CHECK(cJSON_GetObjectItem(v, "!")->valueint == 0);
+    CHECK(cJSON_GetObjectItem(v, "\xc4\xa0")->valueint == 220);
+    free(seen);
+    cJSON_Delete(root);
+}
+
+typedef struct variant {
+    mx_synth_layout layout;
+    int bits, gs;
+    int sdtype;   /* -1: model dtype (bf16) */
+} variant;
+
+static void run_variant(const variant *vr)
+{
+    char *dir = make_tmp();
+    CHECK(dir != NULL);
+    if (!dir)
+        return;
+    fprintf(stderr, "tiny %s bits %d group %d scales %s\n",
+            vr->layout == MX_SYNTH_STACKED ? "stacked" : "per-expert", vr->bits, vr->gs,
+            vr->sdtype < 0 ? "default" : mx_dtype_name((mx_dtype)vr->sdtype));
+    mx_synth_opts o;
+    mx_synth_opts_default(&o);
+    o.preset = "tiny";
+    o.layout = vr->layout;
+    o.bits = vr->bits;
+    o.group_size = vr->gs;
+    o.scale_dtype = vr->sdtype;
+    o.seed = 7;
+    mx_err e;
+    int rc = mx_synth_write(&o, dir, &e);
+    CHECK_OK(rc, &e);
+    mx_synth_plan plan;
+    mx_st_set *set = NULL;
+    mx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (rc == MX_OK && mx_synth_plan_build(&o, &plan, &e) == MX_OK) {
+        CHECK(plan.nshards == 1);
+        char p[4096];
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        CHECK(access(p, F_OK) == 0);
+        rc = mx_st_open_dir(dir, &set, &e);
+        CHECK_OK(rc, &e);
+        int crc = mx_config_load(dir, &cfg, &e);
+        CHECK_OK(crc, &e);
+        if (rc == MX_OK && crc == MX_OK) {
+            expect_list l = {0};
+            mx_dtype sdt = vr->sdtype < 0 ? MX_BF16 : (mx_dtype)vr->sdtype;
+            expect_tiny(&l, vr->layout == MX_SYNTH_STACKED, vr->bits, vr->gs, sdt);
+            check_shapes(set, &l);
+            free(l.v);
+            check_values(set, &plan, &cfg);
+        }
+        check_config(dir, vr->bits, vr->gs);
+        mx_config_free(&cfg);
+        mx_st_close(set);
+        mx_synth_plan_free(&plan);
+    }
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Sharding and the index, replacing with --force, refusing without it,
+ * determinism in the seed. */
+static void check_shards(void)
+{
+    char *dir = make_tmp();
+    CHECK(dir != NULL);
+    if (!dir)
+        return;
+    mx_synth_opts o;
+    mx_synth_opts_default(&o);
+    o.preset = "tiny";
+    o.shard_bytes = 128 << 10;   /* ~0.7 MB model -> several shards */
+    mx_err e;
+    CHECK_OK(mx_synth_write(&o, dir, &e), &e);
+    mx_synth_plan plan;
+    CHECK_OK(mx_synth_plan_build(&o, &plan, &e), &e);
+    CHECKF(plan.nshards >= 3, "%d shards", plan.nshards);
+    char p[4096], fn[64];
+    for (int k = 0; k < plan.nshards; k++) {
+        mx_synth_shard_name(&plan, k, fn, sizeof fn);
+        snprintf(p, sizeof p, "%s/%s", dir, fn);
+        struct stat st;
+        CHECKF(stat(p, &st) == 0, "missing %s", p);
+        if (plan.nshards > 1 && k == 0) {
+            char want[64];
+            snprintf(want, sizeof want, "model-00001-of-%05d.safetensors", plan.nshards);
+            CHECK(!strcmp(fn, want));
+        }
+    }
+    /* the index maps every tensor to its shard and totals the data bytes */
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    char *text = NULL;
+    size_t len;
+    CHECK_OK(mx_read_file(p, &text, &len, &e), &e);
+    cJSON *idx = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK(idx != NULL);
+    if (idx) {
+        cJSON *ts = cJSON_GetObjectItem(cJSON_GetObjectItem(idx, "metadata"), "total_size");
+        CHECK(cJSON_IsNumber(ts) && (uint64_t)ts->valuedouble == plan.total_bytes);
+        cJSON *map = cJSON_GetObjectItem(idx, "weight_map");
+        CHECK(cJSON_GetArraySize(map) == (int)plan.n);
+        cJSON_Delete(idx);
+    }
+    mx_st_set *set = NULL;
+    CHECK_OK(mx_st_open_dir(dir, &set, &e), &e);
+    if (set) {
+        CHECK(mx_st_nfiles(set) == (size_t)plan.nshards);
+        CHECK(mx_st_count(set) == plan.n);
+        mx_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        CHECK_OK(mx_config_load(dir, &cfg, &e), &e);
+        check_values(set, &plan, &cfg);
+        mx_config_free(&cfg);
+        mx_st_close(set);
+    }
+    check_tokenizer(dir, 512);
+
+    /* a non-empty dir is refused without force */
+    CHECK_FAILS(mx_synth_write(&o, dir, &e), &e);
+    /* with force, a single-file rewrite leaves no stale shard or index */
+    o.force = 1;
+    o.shard_bytes = 0;
+    o.seed = 99;
+    CHECK_OK(mx_synth_write(&o, dir, &e), &e);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    CHECK(access(p, F_OK) != 0);
+    mx_synth_shard_name(&plan, 0, fn, sizeof fn);
+    snprintf(p, sizeof p, "%s/%s", dir, fn);
+    CHECK(access(p, F_OK) != 0);
+    set = NULL;
+    CHECK_OK(mx_st_open_dir(dir, &set, &e), &e);
+    if (set) {
+        CHECK(mx_st_nfiles(set) == 1 && mx_st_count(set) == plan.n);
+        /* another seed gives other weights */
+        mx_synth_plan p99;
+        CHECK_OK(mx_synth_plan_build(&o, &p99, &e), &e);
+        float a[128], b[128];
+        CHECK_OK(mx_synth_expected_row(&plan, "model.layers.0.self_attn.q_proj", 0, 3, a, &e), &e);
+        CHECK_OK(mx_synth_expected_row(&p99, "model.layers.0.self_attn.q_proj", 0, 3, b, &e), &e);
+        CHECK(memcmp(a, b, sizeof a) != 0);
+        mx_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        CHECK_OK(mx_config_load(dir, &cfg, &e), &e);
+        check_values(set, &p99, &cfg);
+        mx_config_free(&cfg);
+        mx_synth_plan_free(&p99);
+        mx_st_close(set);
+    }
+    /* errors name what is wrong */
+    CHECK_FAILS(mx_synth_expected_row(&plan, "model.nope", 0, 0, (float[1]){0}, &e), &e);
+    CHECK_FAILS(mx_synth_expected_row(&plan, "model.layers.0.self_attn.q_proj", 0, 999,
+                                      (float[128]){0}, &e), &e);
+    mx_synth_plan_free(&plan);
+    rm_tree(dir);
+    free(dir);
+}
+
+/* Plans of the big presets (no I/O): exact published shapes of a few
+ * tensors and sizes in the expected range. */
+static void check_big_plans(void)
+{
+    mx_synth_opts o;
+    mx_synth_opts_default(&o);
+    mx_synth_plan p;
+    mx_err e;
+    const mx_synth_tensor *t;
+
+    o.preset = "qwen1.5-moe-a2.7b";
+    CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
+    CHECKF(p.total_bytes > 7.5e9 && p.total_bytes < 9e9, "qwen1.5 %.2f GB", p.total_bytes / 1e9);
+    CHECK(p.nshards == 2);
+    t = mx_synth_plan_find(&p, "model.layers.23.mlp.experts.59.down_proj.weight");
+    CHECK(t && t->ndim == 2 && t->shape[0] == 2048 && t->shape[1] == 1408 / 8);
+    t = mx_synth_plan_find(&p, "model.layers.0.mlp.shared_expert_gate.weight");
+    CHECK(t && t->shape[0] == 1 && t->shape[1] == 2048 / 4 && t->bits == 8);
+    t = mx_synth_plan_find(&p, "model.layers.0.self_attn.k_proj.bias");
+    CHECK(t && t->dtype == MX_F16 && t->shape[0] == 2048);
+    t = mx_synth_plan_find(&p, "model.embed_tokens.scales");
+    CHECK(t && t->dtype == MX_F16 && t->shape[0] == 151936 && t->shape[1] == 32);
+    mx_synth_plan_free(&p);
+
+    o.preset = "qwen3-30b-a3b";
+    CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
+    t = mx_synth_plan_find(&p, "model.layers.47.mlp.switch_mlp.up_proj.weight");
+    CHECK(t && t->ndim == 3 && t->shape[0] == 128 && t->shape[1] == 768 && t->shape[2] == 256);
+    t = mx_synth_plan_find(&p, "model.layers.0.self_attn.q_proj.weight");
+    CHECK(t && t->shape[0] == 4096 && t->shape[1] == 256);
+    t = mx_synth_plan_find(&p, "model.layers.0.self_attn.k_norm.weight");
+    CHECK(t && t->shape[0] == 128 && t->dtype == MX_BF16);
+    CHECK(!mx_synth_plan_find(&p, "model.layers.0.self_attn.q_proj.bias"));
+    CHECKF(p.total_bytes > 15e9 && p.total_bytes < 18e9, "qwen3 %.2f GB", p.total_bytes / 1e9);
+    mx_synth_plan_free(&p);
+
+    o.preset = "olmoe-1b-7b";
+    CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
+    t = mx_synth_plan_find(&p, "model.layers.0.self_attn.q_norm.weight");
+    CHECK(t && t->shape[0] == 2048);
+    t = mx_synth_plan_find(&p, "model.layers.15.mlp.switch_mlp.down_proj.scales");
+    CHECK(t && t->shape[0] == 64 && t->shape[1] == 2048 && t->shape[2] == 16);
+    mx_synth_plan_free(&p);
+
+    o.preset = "mixtral-8x7b";
+    CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
+    t = mx_synth_plan_find(&p, "model.layers.31.block_sparse_moe.experts.7.w2.weight");
+    CHECK(t && t->shape[0] == 4096 && t->shape[1] == 14336 / 8);
+    t = mx_synth_plan_find(&p, "model.layers.0.block_sparse_moe.gate.weight");
+    CHECK(t && t->shape[0] == 8 && t->bits == 8);
+    CHECKF(p.total_bytes > 24e9 && p.total_bytes < 28e9, "mixtral %.2f GB", p.total_bytes / 1e9);
+    mx_synth_plan_free(&p);
+    o.layout = MX_SYNTH_STACKED;
+    CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
+    t = mx_synth_plan_find(&p, "model.layers.0.block_sparse_moe.switch_mlp.down_proj.weight");
+    CHECK(t && t->shape[0] == 8 && t->shape[1] == 4096 && t->shape[2] == 14336 / 8);
+    mx_synth_plan_free(&p);
+
+    /* bad options are errors, not crashes */
+    o.preset = "nope";
+    CHECK_FAILS(mx_synth_plan_build(&o, &p, &e), &e);
+    o.preset = "tiny";
+    o.bits = 7;
+    CHECK_FAILS(mx_synth_plan_build(&o, &p, &e), &e);
+    o.bits = 4;
+    o.group_size = 48;
+    CHECK_FAILS(mx_synth_plan_build(&o, &p, &e), &e);
+}
+
+int main(void)
+{
+    static const variant variants[] = {
+        {MX_SYNTH_LAYOUT_DEFAULT, 4, 64, -1},
+        {MX_SYNTH_STACKED, 4, 64, MX_F16},
+        {MX_SYNTH_PER_EXPERT, 3, 32, MX_BF16},
+        {MX_SYNTH_STACKED, 8, 128, MX_BF16},
+        {MX_SYNTH_PER_EXPERT, 2, 128, MX_F16},
+        {MX_SYNTH_STACKED, 5, 32, -1},
+        {MX_SYNTH_PER_EXPERT, 6, 64, MX_F32},
+    };
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++)
+        run_variant(&variants[i]);
+    check_shards();
+    check_big_plans();
+    return test_summary();
+}
