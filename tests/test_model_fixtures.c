@@ -224,8 +224,9 @@ int main(void)
      * the scalar reference and the automatic choice. */
     const char *const *names = mx_qkernels_names();
     const int sanitized = getenv("MLXCEL_SANITIZED") != NULL;
+    const char *automatic = mx_qkernels_active()->name;
     for (int v = 0; names[v]; v++) {
-        if (sanitized && strcmp(names[v], "scalar") && strcmp(names[v], mx_qkernels_active()->name))
+        if (sanitized && strcmp(names[v], "scalar") && strcmp(names[v], automatic))
             continue;
         if (mx_qkernels_force(names[v]) != 0)
             continue;   /* the CPU cannot run this variant */
