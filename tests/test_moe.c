@@ -1,0 +1,199 @@
+/* test_moe.c - the MoE block on random data: routing, fused vs gather for
+ * every supported quantization combination and thread count, the decline
+ * rules and the MLXCEL_FUSED_MOE switch. */
+#include "test.h"
+
+#include <stdint.h>
+
+#include "moe/moe.h"
+#include "quant/quant.h"
+#include "util/parallel.h"
+
+typedef struct qbuf {
+    uint8_t *w;
+    uint16_t *s, *b;
+} qbuf;
+
+static unsigned long long seed = 42;
+
+/* A random [rows, cols] quantized matrix (f16 scales, some negative). */
+static void make_qmat(int64_t rows, int64_t cols, int bits, int gs, mx_linear *l, qbuf *buf)
+{
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = test_randf(&seed) * 0.1f;
+    buf->w = malloc((size_t)(rows * cols * bits / 8));
+    buf->s = malloc(sizeof(uint16_t) * (size_t)(rows * cols / gs));
+    buf->b = malloc(sizeof(uint16_t) * (size_t)(rows * cols / gs));
+    mx_err e = {0};
+    CHECK_OK(mx_quantize(w, rows, cols, bits, gs, MX_F16, buf->w, buf->s, buf->b, &e), &e);
+    memset(l, 0, sizeof *l);
+    l->quantized = 1;
+    l->rows = rows;
+    l->cols = cols;
+    l->q = (mx_qmat){.w = buf->w, .scales = buf->s, .biases = buf->b, .rows = rows, .cols = cols,
+                     .bits = bits, .group_size = gs, .sdtype = MX_F16};
+    free(w);
+}
+
+static void free_q(qbuf *b) { free(b->w), free(b->s), free(b->b); }
+
+static double rel_rms(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den + 1e-30));
+}
+
+static void test_route(void)
+{
+    float logits[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f};
+    mx_route r;
+    mx_moe_route(logits, 6, 3, 0, &r);
+    /* ties: lower index first, as torch.topk */
+    CHECK(r.k == 3 && r.idx[0] == 1 && r.idx[1] == 3 && r.idx[2] == 4);
+    double z = 0;
+    for (int i = 0; i < 6; i++)
+        z += exp(logits[i]);
+    CHECK(fabs(r.w[0] - exp(2.0) / z) < 1e-6 && fabs(r.w[2] - exp(1.0) / z) < 1e-6);
+    mx_moe_route(logits, 6, 3, 1, &r);
+    CHECK(fabs(r.w[0] + r.w[1] + r.w[2] - 1.0) < 1e-6);
+    CHECK(fabs(r.w[0] - exp(2.0) / (2 * exp(2.0) + exp(1.0))) < 1e-6);
+}
+
+/* fused vs gather for one combination; returns the relative RMS difference */
+static void fused_vs_gather(int gu_bits, int down_bits, int gs, int64_t D, int64_t F, int E, int k,
+                            int threads)
+{
+    mx_experts ex = {.n = E, .d_model = D, .d_ff = F};
+    ex.gate = calloc((size_t)E, sizeof(mx_linear));
+    ex.up = calloc((size_t)E, sizeof(mx_linear));
+    ex.down = calloc((size_t)E, sizeof(mx_linear));
+    qbuf *bufs = calloc((size_t)E * 3, sizeof(qbuf));
+    for (int i = 0; i < E; i++) {
+        make_qmat(F, D, gu_bits, gs, &ex.gate[i], &bufs[3 * i]);
+        make_qmat(F, D, gu_bits, gs, &ex.up[i], &bufs[3 * i + 1]);
+        make_qmat(D, F, down_bits, gs, &ex.down[i], &bufs[3 * i + 2]);
+    }
+    float *x = malloc(sizeof(float) * (size_t)D), *a = malloc(sizeof(float) * (size_t)D),
+          *b = malloc(sizeof(float) * (size_t)D);
+    for (int64_t i = 0; i < D; i++)
+        x[i] = test_randf(&seed);
+    float logits[64];
+    for (int i = 0; i < E; i++)
+        logits[i] = test_randf(&seed) * 3;
+    mx_route r;
+    mx_moe_route(logits, E, k, 1, &r);
+    mx_set_threads(threads);
+    CHECKF(mx_moe_fused_declines(&ex) == NULL, "fused declines %d/%d-bit g%d", gu_bits, down_bits, gs);
+    mx_moe_fused(&ex, &r, x, a);
+    mx_err e = {0};
+    CHECK_OK(mx_moe_gather(&ex, &r, x, 1, b, &e), &e);
+    double d = rel_rms(a, b, D);
+    CHECKF(d < 1e-5, "fused vs gather: gate/up %d-bit, down %d-bit, g%d, D=%lld F=%lld k=%d threads=%d: rel RMS %g",
+           gu_bits, down_bits, gs, (long long)D, (long long)F, k, threads, d);
+    mx_set_threads(0);
+    for (int i = 0; i < 3 * E; i++)
+        free_q(&bufs[i]);
+    free(bufs), free(ex.gate), free(ex.up), free(ex.down), free(x), free(a), free(b);
+}
+
+/* gather over T tokens equals gather one token at a time */
+static void gather_batch(void)
+{
+    const int E = 6, k = 2, T = 5;
+    const int64_t D = 128, F = 64;
+    mx_experts ex = {.n = E, .d_model = D, .d_ff = F};
+    ex.gate = calloc(E, sizeof(mx_linear));
+    ex.up = calloc(E, sizeof(mx_linear));
+    ex.down = calloc(E, sizeof(mx_linear));
+    qbuf bufs[18];
+    for (int i = 0; i < E; i++) {
+        make_qmat(F, D, 4, 64, &ex.gate[i], &bufs[3 * i]);
+        make_qmat(F, D, 4, 64, &ex.up[i], &bufs[3 * i + 1]);
+        make_qmat(D, F, 4, 64, &ex.down[i], &bufs[3 * i + 2]);
+    }
+    float x[T * 128], all[T * 128], one[128];
+    mx_route r[T];
+    for (int i = 0; i < T * 128; i++)
+        x[i] = test_randf(&seed);
+    for (int t = 0; t < T; t++) {
+        float lg[6];
+        for (int i = 0; i < E; i++)
+            lg[i] = test_randf(&seed);
+        mx_moe_route(lg, E, k, 0, &r[t]);
+    }
+    mx_err e = {0};
+    CHECK_OK(mx_moe_gather(&ex, r, x, T, all, &e), &e);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        CHECK_OK(mx_moe_gather(&ex, &r[t], x + t * D, 1, one, &e), &e);
+        double d = rel_rms(all + t * D, one, D);
+        if (d > worst)
+            worst = d;
+    }
+    CHECKF(worst < 1e-5, "gather batch vs single: %g", worst);
+    /* dispatch: T > 1 always takes gather */
+    mx_moe_stats_reset();
+    CHECK_OK(mx_moe_experts(&ex, r, x, T, all, &e), &e);
+    CHECK_OK(mx_moe_experts(&ex, r, x, 1, all, &e), &e);
+    mx_moe_stats st;
+    mx_moe_stats_get(&st);
+    CHECKF(st.gather == 1 && st.fused == 1, "dispatch fused=%ld gather=%ld", st.fused, st.gather);
+    /* MLXCEL_FUSED_MOE_MAX_DFF below d_ff makes the fused path decline */
+    setenv("MLXCEL_FUSED_MOE_MAX_DFF", "32", 1);
+    CHECK(mx_moe_fused_declines(&ex) != NULL);
+    mx_moe_stats_reset();
+    CHECK_OK(mx_moe_experts(&ex, r, x, 1, all, &e), &e);
+    mx_moe_stats_get(&st);
+    CHECK(st.gather == 1 && st.fused == 0);
+    unsetenv("MLXCEL_FUSED_MOE_MAX_DFF");
+    CHECK(mx_moe_fused_declines(&ex) == NULL);
+    /* unquantized experts: declines */
+    mx_linear saved = ex.up[3];
+    ex.up[3].quantized = 0;
+    CHECK(mx_moe_fused_declines(&ex) != NULL);
+    ex.up[3] = saved;
+    for (int i = 0; i < 18; i++)
+        free_q(&bufs[i]);
+    free(ex.gate), free(ex.up), free(ex.down);
+}
+
+static void fused_flag(void)
+{
+    static const char *off[] = {"0", "false", "FALSE", "off", "Off", "no", "NO"};
+    static const char *on[] = {"1", "true", "yes", "on", "anything"};
+    mx_moe_set_fused(-1);
+    unsetenv("MLXCEL_FUSED_MOE");
+    CHECK(mx_moe_fused_enabled() == 1);
+    for (size_t i = 0; i < sizeof off / sizeof *off; i++) {
+        setenv("MLXCEL_FUSED_MOE", off[i], 1);
+        CHECKF(mx_moe_fused_enabled() == 0, "MLXCEL_FUSED_MOE=%s should disable", off[i]);
+    }
+    for (size_t i = 0; i < sizeof on / sizeof *on; i++) {
+        setenv("MLXCEL_FUSED_MOE", on[i], 1);
+        CHECKF(mx_moe_fused_enabled() == 1, "MLXCEL_FUSED_MOE=%s should enable", on[i]);
+    }
+    unsetenv("MLXCEL_FUSED_MOE");
+}
+
+int main(void)
+{
+    test_route();
+    static const int gu[] = {4, 8}, dn[] = {4, 6, 8}, gss[] = {32, 64, 128};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 3; c++)
+                fused_vs_gather(gu[a], dn[b], gss[c], 256, 384, 8, 4, 2);
+    /* odd thread counts and shapes whose rows do not split evenly */
+    for (int th = 1; th <= 3; th++)
+        fused_vs_gather(4, 4, 64, 384, 192, 6, 3, th);
+    fused_vs_gather(4, 6, 32, 128, 96, 16, 8, 2);
+    fused_vs_gather(8, 8, 128, 128, 128, 4, 1, 3);
+    gather_batch();
+    fused_flag();
+    return test_summary();
+}
