@@ -66,7 +66,10 @@ void mx_config_free(mx_config *c);
 
 /* The quantization for a module path ("model.layers.3.mlp.gate"):
  * the override when one names it, else the defaults.  Returns 1 if the module
- * is quantized (bits/group set), 0 if the config says it is not. */
+ * is quantized (bits/group set), 0 if the config says it is not (a `false`
+ * override, or no quantization block at all: bits and group are then 0).
+ * Matching is exact (no prefix matching); overrides are kept sorted by
+ * module for a binary search. */
 int mx_quant_for(const mx_quant_config *q, const char *module, int *bits, int *group_size);
 
 #endif

@@ -43,7 +43,8 @@ int64_t mx_tensor_numel(const mx_tensor *t);
 /* Parses a safetensors image held in memory (header + data), for fuzzing and
  * for files.  `name` is used in messages.  On success *tensors is a malloc'ed
  * array of *n tensors whose data pointers point into buf and whose names are
- * malloc'ed; free with mx_st_free_tensors. */
+ * malloc'ed; free with mx_st_free_tensors.  Each tensor's `file` is `name`
+ * itself (not copied).  Data pointers may be unaligned. */
 int mx_st_parse(const uint8_t *buf, size_t len, const char *name,
                 mx_tensor **tensors, size_t *n, mx_err *e);
 void mx_st_free_tensors(mx_tensor *tensors, size_t n);
