@@ -62,9 +62,18 @@ static float *kv_at(const mx_seq *s, float *base, int layer, int kvh, int pos)
 
 /* ---- attention ---------------------------------------------------------- */
 
-/* out[T, d] = o_proj(softmax(q k^T / sqrt(hd)) v) for tokens at positions
- * s->pos .. s->pos+T-1, after writing their k and v into the cache. */
-static void attention_block(mx_model *m, int l, mx_seq *s, const float *xn, int64_t T,
+/* Where each of the T tokens of a forward call goes: its sequence and its
+ * position there.  A prompt is one sequence at consecutive positions; a
+ * batched decode step is one token of each of several sequences. */
+typedef struct token_slots {
+    mx_seq *const *seq;
+    const int *pos;
+    int max_ctx;
+} token_slots;
+
+/* out[T, d] = o_proj(softmax(q k^T / sqrt(hd)) v) for the T tokens, after
+ * writing their k and v into their sequences' caches. */
+static void attention_block(mx_model *m, int l, const token_slots *ts, const float *xn, int64_t T,
                             float *q, float *k, float *v, float *att, float *scores, float *out)
 {
     const mx_attn *a = &m->layers[l].attn;
@@ -83,7 +92,8 @@ static void attention_block(mx_model *m, int l, mx_seq *s, const float *xn, int6
     }
     for (int64_t t = 0; t < T; t++) {
         float *qt = q + t * m->q_dim, *kt = k + t * m->kv_dim, *vt = v + t * m->kv_dim;
-        const int pos = s->pos + (int)t;
+        const mx_seq *s = ts->seq[t];
+        const int pos = ts->pos[t];
         if (m->fam->qk_norm == MX_QK_NORM_FULL) {
             rmsnorm(qt, qt, a->q_norm, m->q_dim, m->eps);
             rmsnorm(kt, kt, a->k_norm, m->kv_dim, m->eps);
@@ -109,9 +119,10 @@ static void attention_block(mx_model *m, int l, mx_seq *s, const float *xn, int6
     for (int64_t th = 0; th < T * nh; th++) {
         const int64_t t = th / nh;
         const int h = (int)(th % nh), kvh = h / group;
-        const int pos = s->pos + (int)t;
+        const mx_seq *s = ts->seq[t];
+        const int pos = ts->pos[t];
         const int start = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        float *sc = scores + (size_t)omp_get_thread_num() * (size_t)s->n_ctx;
+        float *sc = scores + (size_t)omp_get_thread_num() * (size_t)ts->max_ctx;
         const float *qh = q + t * m->q_dim + h * hd;
         const float *K = kv_at(s, s->k, l, kvh, 0), *V = kv_at(s, s->v, l, kvh, 0);
         float mx = -INFINITY;
@@ -234,29 +245,20 @@ static float *grow_scratch(mx_model *m, size_t n)
     return m->scratch;
 }
 
-int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logits,
-               const mx_forward_trace *trace, mx_err *e)
+/* The shared body of mx_forward and mx_forward_batch.  When all_logits is
+ * set every token's logits are written ([T, vocab]); else only the last
+ * token's, to logits (when not NULL). */
+static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tokens, int64_t T,
+                          float *logits, float *all_logits, const mx_forward_trace *trace, mx_err *e)
 {
-    if (n <= 0)
-        return mx_fail(e, MX_EINVAL, "forward: no tokens");
-    if (s->m != m)
-        return mx_fail(e, MX_EINVAL, "forward: sequence belongs to another model");
-    if (s->pos + n > s->n_ctx)
-        return mx_fail(e, MX_ERANGE, "context full: %d tokens in the cache + %d new > context size %d",
-                       s->pos, n, s->n_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= m->vocab)
-            return mx_fail(e, MX_ERANGE, "token id %d at position %d is outside the vocabulary (0..%d)",
-                           tokens[i], i, m->vocab - 1);
-
-    const int64_t T = n, d = m->d, E = m->n_experts > 0 ? m->n_experts : 1, ff = max_ff(m);
+    const int64_t d = m->d, E = m->n_experts > 0 ? m->n_experts : 1, ff = max_ff(m);
     const int nth = mx_threads();
     const size_t route_floats = (sizeof(mx_route) + sizeof(float) - 1) / sizeof(float);
     size_t need = (size_t)(T * (4 * d + 2 * m->q_dim + 2 * m->kv_dim + E + 2 * ff + 1)) +
-                  (size_t)nth * (size_t)s->n_ctx + (size_t)T * route_floats + (size_t)d;
+                  (size_t)nth * (size_t)ts->max_ctx + (size_t)T * route_floats + (size_t)d;
     float *p = grow_scratch(m, need);
     if (!p)
-        return mx_fail(e, MX_ENOMEM, "forward: out of memory for %d tokens", n);
+        return mx_fail(e, MX_ENOMEM, "forward: out of memory for %lld tokens", (long long)T);
     float *x = p; p += T * d;
     float *xn = p; p += T * d;
     float *tmp = p; p += T * d;
@@ -264,7 +266,7 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
     float *att = p; p += T * m->q_dim;
     float *k = p; p += T * m->kv_dim;
     float *v = p; p += T * m->kv_dim;
-    float *scores = p; p += (size_t)nth * (size_t)s->n_ctx;
+    float *scores = p; p += (size_t)nth * (size_t)ts->max_ctx;
     ffn_scratch fs;
     fs.router_logits = p; p += T * E;
     fs.g = p; p += T * ff;
@@ -283,7 +285,7 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
         const mx_layer *L = &m->layers[l];
         for (int64_t t = 0; t < T; t++)
             rmsnorm(xn + t * d, x + t * d, L->attn_norm, d, m->eps);
-        attention_block(m, l, s, xn, T, q, k, v, att, scores, tmp);
+        attention_block(m, l, ts, xn, T, q, k, v, att, scores, tmp);
         for (int64_t i = 0; i < T * d; i++)
             x[i] += tmp[i];
         for (int64_t t = 0; t < T; t++)
@@ -297,19 +299,99 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
         if (trace && trace->hidden && l + 1 < m->n_layers)
             memcpy(trace->hidden + (size_t)(l + 1) * T * d, x, sizeof(float) * (size_t)(T * d));
     }
-    s->pos += n;
 
-    if (trace && (trace->hidden || trace->all_logits)) {
+    if (all_logits || (trace && trace->hidden)) {
         for (int64_t t = 0; t < T; t++)
             rmsnorm(xn + t * d, x + t * d, m->final_norm, d, m->eps);
-        if (trace->hidden)
+        if (trace && trace->hidden)
             memcpy(trace->hidden + (size_t)m->n_layers * T * d, xn, sizeof(float) * (size_t)(T * d));
-        if (trace->all_logits)
-            linear(&m->lm_head, xn, T, trace->all_logits);
+        if (all_logits)
+            linear(&m->lm_head, xn, T, all_logits);
     }
     if (logits) {
         rmsnorm(last, x + (T - 1) * d, m->final_norm, d, m->eps);
         mx_linear_matvec(&m->lm_head, last, logits);
     }
     return MX_OK;
+}
+
+static int check_tokens(const mx_model *m, const int32_t *tokens, int n, mx_err *e)
+{
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->vocab)
+            return mx_fail(e, MX_ERANGE, "token id %d at position %d is outside the vocabulary (0..%d)",
+                           tokens[i], i, m->vocab - 1);
+    return MX_OK;
+}
+
+int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logits,
+               const mx_forward_trace *trace, mx_err *e)
+{
+    if (n <= 0)
+        return mx_fail(e, MX_EINVAL, "forward: no tokens");
+    if (s->m != m)
+        return mx_fail(e, MX_EINVAL, "forward: sequence belongs to another model");
+    if (s->pos + n > s->n_ctx)
+        return mx_fail(e, MX_ERANGE, "context full: %d tokens in the cache + %d new > context size %d",
+                       s->pos, n, s->n_ctx);
+    int rc = check_tokens(m, tokens, n, e);
+    if (rc)
+        return rc;
+    /* small calls (decode) use the stack: no allocation per token */
+    mx_seq *seq_small[64];
+    int pos_small[64];
+    mx_seq **seqs = n <= 64 ? seq_small : malloc(sizeof *seqs * (size_t)n);
+    int *pos = n <= 64 ? pos_small : malloc(sizeof *pos * (size_t)n);
+    if (!seqs || !pos) {
+        if (n > 64)
+            free(seqs), free(pos);
+        return mx_fail(e, MX_ENOMEM, "forward: out of memory for %d tokens", n);
+    }
+    for (int t = 0; t < n; t++) {
+        seqs[t] = s;
+        pos[t] = s->pos + t;
+    }
+    token_slots ts = {seqs, pos, s->n_ctx};
+    rc = forward_tokens(m, &ts, tokens, n, logits, trace ? trace->all_logits : NULL, trace, e);
+    if (!rc)
+        s->pos += n;
+    if (n > 64)
+        free(seqs), free(pos);
+    return rc;
+}
+
+int mx_forward_batch(mx_model *m, mx_seq *const *seqs, const int32_t *tokens, int n, float *logits,
+                     mx_err *e)
+{
+    if (n <= 0)
+        return mx_fail(e, MX_EINVAL, "forward: no sequences");
+    int max_ctx = 0;
+    for (int i = 0; i < n; i++) {
+        if (seqs[i]->m != m)
+            return mx_fail(e, MX_EINVAL, "forward: sequence %d belongs to another model", i);
+        if (seqs[i]->pos + 1 > seqs[i]->n_ctx)
+            return mx_fail(e, MX_ERANGE, "context full in sequence %d (%d tokens)", i, seqs[i]->n_ctx);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return mx_fail(e, MX_EINVAL, "forward: sequence %d appears twice in a batch", i);
+        if (seqs[i]->n_ctx > max_ctx)
+            max_ctx = seqs[i]->n_ctx;
+    }
+    int rc = check_tokens(m, tokens, n, e);
+    if (rc)
+        return rc;
+    int pos_small[64];
+    int *pos = n <= 64 ? pos_small : malloc(sizeof *pos * (size_t)n);
+    if (!pos)
+        return mx_fail(e, MX_ENOMEM, "forward: out of memory");
+    for (int i = 0; i < n; i++)
+        pos[i] = seqs[i]->pos;
+    token_slots ts = {seqs, pos, max_ctx};
+    rc = forward_tokens(m, &ts, tokens, n, NULL, logits, NULL, e);
+    if (!rc)
+        for (int i = 0; i < n; i++)
+            seqs[i]->pos++;
+    if (n > 64)
+        free(pos);
+    return rc;
 }

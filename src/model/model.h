@@ -109,4 +109,10 @@ typedef struct mx_forward_trace {
 int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logits,
                const mx_forward_trace *trace, mx_err *e);
 
+/* One decode step for n different sequences at once: token i is appended
+ * to seqs[i] at its position.  The weights are streamed once for all of
+ * them (the MoE block takes the gather path); logits gets [n, vocab]. */
+int mx_forward_batch(mx_model *m, mx_seq *const *seqs, const int32_t *tokens, int n, float *logits,
+                     mx_err *e);
+
 #endif
