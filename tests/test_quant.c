@@ -232,6 +232,10 @@ static void test_kernels(void)
         check_matrix(4, k_gs[gi], MX_F16, 45, 1408, 1);
         check_matrix(8, k_gs[gi], MX_BF16, 45, 1408, 1);
     }
+    /* more columns than one x pass of the SIMD matvec (4096) */
+    for (size_t bi = 0; bi < 6; bi++)
+        check_matrix(k_bits[bi], 64, MX_F32, 5, 4096 + 384, 0);
+    check_matrix(4, 128, MX_F16, 3, 2 * 4096 + 128, 1);
 }
 
 /* (e) quantizer */

@@ -8,6 +8,7 @@
  * reuses them for all tokens, TB tokens per register block. */
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+#include <math.h>
 
 #include "quant/qint.h"
 
@@ -62,33 +63,79 @@ static inline __m256 unpack8(const uint8_t *p)
 
 /* ---- matvec -------------------------------------------------------------- */
 
+/* Columns of x handled per pass (x is re-laid out per pass on the stack). */
+#define XCH 4096
+
+/* 2/4/8 bits: see kernels_avx512.c.  One ymm load = 8 u32 lanes, lane j
+ * holding values vpl*j + k; masking with mask << (k*bits) and converting
+ * gives q * 2^(k*bits), so x is laid out once per call pre-scaled by
+ * 2^(-k*bits).  AVX2 only converts signed i32, so the top value of each lane
+ * (which can set bit 31) is shifted down instead and its x is unscaled. */
 static inline __attribute__((always_inline)) void
-mv4(const mx_qmat *m, const float *x, const float *xsum, float *y, int64_t r0, int64_t r1,
-    const int gs)
+mv_pow2(const mx_qmat *m, const float *x, const float *xsum, float *y, int64_t r0, int64_t r1,
+        const int bits)
 {
-    int64_t ng = mx_qmat_groups(m), rb = mx_qmat_row_bytes(m);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *p = m->w + r * rb;
-        __m256 acc = _mm256_setzero_ps();
-        float bacc = 0;
-        for (int64_t g = 0; g < ng; g++) {
-            const float *xg = x + g * gs;
-            __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
-            for (int u = 0; u < gs; u += 32) {
-                __m256 f[4];
-                unpack4(p + u / 2, f);
-                d0 = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xg + u), d0);
-                d1 = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xg + u + 8), d1);
-                d0 = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xg + u + 16), d0);
-                d1 = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xg + u + 24), d1);
+    const int vpl = 32 / bits, vpb = 8 * vpl;
+    const int gs = m->group_size, lpg = gs / vpl;           /* lanes per group */
+    const int64_t ng = mx_qmat_groups(m), rb = mx_qmat_row_bytes(m);
+    _Alignas(32) float xp[XCH];
+    float sc[XCH / 32 + 8];
+    const __m256i idx = _mm256_set_epi32(7 / lpg, 6 / lpg, 5 / lpg, 4 / lpg, 3 / lpg, 2 / lpg,
+                                         1 / lpg, 0);
+    for (int64_t c0 = 0; c0 < m->cols; c0 += XCH) {
+        int n = (int)(m->cols - c0 < XCH ? m->cols - c0 : XCH);      /* multiple of gs */
+        int nblk = (n + vpb - 1) / vpb, ngc = n / gs;
+        for (int b = 0; b < nblk; b++)
+            for (int k = 0; k < vpl; k++) {
+                float f = k == vpl - 1 ? 1.0f : ldexpf(1.0f, -k * bits);
+                for (int j = 0; j < 8; j++) {
+                    int i = b * vpb + vpl * j + k;
+                    xp[b * vpb + k * 8 + j] = i < n ? x[c0 + i] * f : 0.0f;
+                }
             }
-            p += gs / 2;
-            float s = load_s(m->scales, m->sdtype, r * ng + g);
-            float bi = load_s(m->biases, m->sdtype, r * ng + g);
-            acc = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), _mm256_set1_ps(s), acc);
-            bacc += bi * xsum[g];
+        for (int g = ngc; g < ngc + 8; g++)
+            sc[g] = 0;          /* padding lanes multiply zeros: keep them finite */
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wp = m->w + r * rb + c0 * bits / 8;
+            int64_t g0 = r * ng + c0 / gs;
+            float bacc = 0;
+            for (int g = 0; g < ngc; g++) {
+                sc[g] = load_s(m->scales, m->sdtype, g0 + g);
+                bacc += load_s(m->biases, m->sdtype, g0 + g) * xsum[c0 / gs + g];
+            }
+            __m256 acc = _mm256_setzero_ps();
+            for (int b = 0; b < nblk; b++) {
+                int lanes = (n - b * vpb) / vpl;
+                __m256i v;
+                if (lanes >= 8) {
+                    v = _mm256_loadu_si256((const __m256i *)(wp + b * 32));
+                } else {
+                    __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
+                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                    v = _mm256_maskload_epi32((const int *)(wp + b * 32), lm);
+                }
+                const float *xb = xp + b * vpb;
+                __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+                for (int k = 0; k < vpl - 2; k += 2) {
+                    __m256i q0 = _mm256_and_si256(v, _mm256_set1_epi32((int)((uint32_t)((1u << bits) - 1) << (k * bits))));
+                    __m256i q1 = _mm256_and_si256(v, _mm256_set1_epi32((int)((uint32_t)((1u << bits) - 1) << ((k + 1) * bits))));
+                    d0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), _mm256_load_ps(xb + k * 8), d0);
+                    d1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), _mm256_load_ps(xb + (k + 1) * 8), d1);
+                }
+                {
+                    int k = vpl - 2;
+                    __m256i q0 = _mm256_and_si256(v, _mm256_set1_epi32((int)((uint32_t)((1u << bits) - 1) << (k * bits))));
+                    __m256i q1 = _mm256_srli_epi32(v, 32 - bits);
+                    d0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), _mm256_load_ps(xb + k * 8), d0);
+                    d1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), _mm256_load_ps(xb + (k + 1) * 8), d1);
+                }
+                __m256 sv = lpg >= 8 ? _mm256_set1_ps(sc[b * 8 / lpg])
+                                     : _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + b * 8 / lpg), idx);
+                acc = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), sv, acc);
+            }
+            float yr = hsum8(acc) + bacc;
+            y[r - r0] = c0 == 0 ? yr : y[r - r0] + yr;
         }
-        y[r - r0] = hsum8(acc) + bacc;
     }
 }
 
@@ -127,18 +174,14 @@ mv8(const mx_qmat *m, const float *x, const float *xsum, float *y, int64_t r0, i
 static void matvec_rows_avx2(const mx_qmat *m, const float *x, const float *xsum,
                              float *y, int64_t r0, int64_t r1)
 {
-    int gs = m->group_size;
-    if (m->bits == 4) {
-        if (gs == 64) mv4(m, x, xsum, y, r0, r1, 64);
-        else if (gs == 32) mv4(m, x, xsum, y, r0, r1, 32);
-        else mv4(m, x, xsum, y, r0, r1, 128);
-    } else if (m->bits == 8) {
-        if (gs == 64) mv8(m, x, xsum, y, r0, r1, 64, 0);
-        else if (gs == 32) mv8(m, x, xsum, y, r0, r1, 32, 0);
-        else mv8(m, x, xsum, y, r0, r1, 128, 0);
-    } else {
-        mv8(m, x, xsum, y, r0, r1, gs, 1);
-    }
+    if (m->bits == 4)
+        mv_pow2(m, x, xsum, y, r0, r1, 4);
+    else if (m->bits == 8)
+        mv_pow2(m, x, xsum, y, r0, r1, 8);
+    else if (m->bits == 2)
+        mv_pow2(m, x, xsum, y, r0, r1, 2);
+    else
+        mv8(m, x, xsum, y, r0, r1, m->group_size, 1);
 }
 
 /* ---- matmul -------------------------------------------------------------- */

@@ -14,6 +14,7 @@
  * and no horizontal sums are needed. */
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
+#include <math.h>
 
 #include "quant/qint.h"
 
@@ -52,57 +53,87 @@ static inline __m512 unpack8(const uint8_t *p)
 
 /* ---- matvec -------------------------------------------------------------- */
 
-static inline __attribute__((always_inline)) void
-mv4(const mx_qmat *m, const float *x, const float *xsum, float *y, int64_t r0, int64_t r1,
-    const int gs)
-{
-    int64_t ng = mx_qmat_groups(m), rb = mx_qmat_row_bytes(m);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *p = m->w + r * rb;
-        __m512 acc = _mm512_setzero_ps();
-        float bacc = 0;
-        for (int64_t g = 0; g < ng; g++) {
-            const float *xg = x + g * gs;
-            __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps();
-            for (int u = 0; u < gs; u += 32) {
-                __m512 a, b;
-                unpack4(p + u / 2, &a, &b);
-                d0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(xg + u), d0);
-                d1 = _mm512_fmadd_ps(b, _mm512_loadu_ps(xg + u + 16), d1);
-            }
-            p += gs / 2;
-            float s = load_s(m->scales, m->sdtype, r * ng + g);
-            float bi = load_s(m->biases, m->sdtype, r * ng + g);
-            acc = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), _mm512_set1_ps(s), acc);
-            bacc += bi * xsum[g];
-        }
-        y[r - r0] = _mm512_reduce_add_ps(acc) + bacc;
-    }
-}
+/* Columns of x handled per pass; x is re-laid out per pass into a stack
+ * buffer of this many floats (16 KB), so no allocation per call. */
+#define XCH 4096
 
+/* 2/4/8 bits: one zmm load = 16 u32 lanes, lane j holding values
+ * vpl*j + k (k < vpl = 32/bits) at bits [k*bits, (k+1)*bits).  Masking lane
+ * bits with mask << (k*bits) and converting gives q * 2^(k*bits) exactly, so
+ * x is laid out once per call as xp[blk][k][j] = x[blk*16*vpl + vpl*j + k] *
+ * 2^(-k*bits): no shifts and no byte shuffles in the inner loop, one AND, one
+ * convert and one FMA per 16 values (the trick MLX's Metal qmv uses).  Group
+ * scales become a per-lane vector (lane j belongs to group j / lanes per
+ * group) and the bias term is a separate dot of biases with xsum. */
 static inline __attribute__((always_inline)) void
-mv8(const mx_qmat *m, const float *x, const float *xsum, float *y, int64_t r0, int64_t r1,
-    const int gs)
+mv_pow2(const mx_qmat *m, const float *x, const float *xsum, float *y, int64_t r0, int64_t r1,
+        const int bits)
 {
-    int64_t ng = mx_qmat_groups(m), rb = mx_qmat_row_bytes(m);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *p = m->w + r * rb;
-        __m512 acc = _mm512_setzero_ps();
-        float bacc = 0;
-        for (int64_t g = 0; g < ng; g++) {
-            const float *xg = x + g * gs;
-            __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps();
-            for (int u = 0; u < gs; u += 32) {
-                d0 = _mm512_fmadd_ps(unpack8(p + u), _mm512_loadu_ps(xg + u), d0);
-                d1 = _mm512_fmadd_ps(unpack8(p + u + 16), _mm512_loadu_ps(xg + u + 16), d1);
+    const int vpl = 32 / bits, vpb = 16 * vpl;
+    const int gs = m->group_size, lpg = gs / vpl;           /* lanes per group */
+    const int64_t ng = mx_qmat_groups(m), rb = mx_qmat_row_bytes(m);
+    _Alignas(64) float xp[XCH];
+    _Alignas(64) float sc[XCH / 32 + 16];
+    const __m512i idx = _mm512_set_epi32(15 / lpg, 14 / lpg, 13 / lpg, 12 / lpg, 11 / lpg, 10 / lpg,
+                                         9 / lpg, 8 / lpg, 7 / lpg, 6 / lpg, 5 / lpg, 4 / lpg,
+                                         3 / lpg, 2 / lpg, 1 / lpg, 0);
+    for (int64_t c0 = 0; c0 < m->cols; c0 += XCH) {
+        int n = (int)(m->cols - c0 < XCH ? m->cols - c0 : XCH);      /* multiple of gs */
+        int nblk = (n + vpb - 1) / vpb, ngc = n / gs;
+        for (int b = 0; b < nblk; b++)
+            for (int k = 0; k < vpl; k++) {
+                float f = ldexpf(1.0f, -k * bits);
+                for (int j = 0; j < 16; j++) {
+                    int i = b * vpb + vpl * j + k;
+                    xp[b * vpb + k * 16 + j] = i < n ? x[c0 + i] * f : 0.0f;
+                }
             }
-            p += gs;
-            float s = load_s(m->scales, m->sdtype, r * ng + g);
-            float bi = load_s(m->biases, m->sdtype, r * ng + g);
-            acc = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), _mm512_set1_ps(s), acc);
-            bacc += bi * xsum[g];
+        for (int g = ngc; g < ngc + 16; g++)
+            sc[g] = 0;          /* padding lanes multiply zeros: keep them finite */
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wp = m->w + r * rb + c0 * bits / 8;
+            const void *sp = m->scales, *bp = m->biases;
+            int64_t g0 = r * ng + c0 / gs;
+            /* scales of this row's groups -> sc; bias term as a dot product */
+            __m512 bacc = _mm512_setzero_ps();
+            for (int g = 0; g < ngc; g += 16) {
+                __mmask16 gm = (__mmask16)(ngc - g >= 16 ? 0xffff : (1u << (ngc - g)) - 1);
+                __m512 s16, b16;
+                if (m->sdtype == MX_F16) {
+                    s16 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, (const uint16_t *)sp + g0 + g));
+                    b16 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, (const uint16_t *)bp + g0 + g));
+                } else if (m->sdtype == MX_BF16) {
+                    s16 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                        _mm256_maskz_loadu_epi16(gm, (const uint16_t *)sp + g0 + g)), 16));
+                    b16 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                        _mm256_maskz_loadu_epi16(gm, (const uint16_t *)bp + g0 + g)), 16));
+                } else {
+                    s16 = _mm512_maskz_loadu_ps(gm, (const float *)sp + g0 + g);
+                    b16 = _mm512_maskz_loadu_ps(gm, (const float *)bp + g0 + g);
+                }
+                _mm512_mask_storeu_ps(sc + g, gm, s16);
+                bacc = _mm512_fmadd_ps(b16, _mm512_maskz_loadu_ps(gm, xsum + c0 / gs + g), bacc);
+            }
+            __m512 acc = _mm512_setzero_ps();
+            for (int b = 0; b < nblk; b++) {
+                int lanes = (n - b * vpb) / vpl;
+                __mmask16 lm = (__mmask16)(lanes >= 16 ? 0xffff : (1u << lanes) - 1);
+                __m512i v = _mm512_maskz_loadu_epi32(lm, wp + b * 64);
+                const float *xb = xp + b * vpb;
+                __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps();
+                for (int k = 0; k < vpl; k += 2) {
+                    __m512i q0 = _mm512_and_si512(v, _mm512_set1_epi32((int)((uint32_t)((1u << bits) - 1) << (k * bits))));
+                    __m512i q1 = _mm512_and_si512(v, _mm512_set1_epi32((int)((uint32_t)((1u << bits) - 1) << ((k + 1) * bits))));
+                    d0 = _mm512_fmadd_ps(_mm512_cvtepu32_ps(q0), _mm512_load_ps(xb + k * 16), d0);
+                    d1 = _mm512_fmadd_ps(_mm512_cvtepu32_ps(q1), _mm512_load_ps(xb + (k + 1) * 16), d1);
+                }
+                __m512 sv = lpg >= 16 ? _mm512_set1_ps(sc[b * 16 / lpg])
+                                      : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sc + b * 16 / lpg));
+                acc = _mm512_fmadd_ps(_mm512_add_ps(d0, d1), sv, acc);
+            }
+            float yr = _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(bacc);
+            y[r - r0] = c0 == 0 ? yr : y[r - r0] + yr;
         }
-        y[r - r0] = _mm512_reduce_add_ps(acc) + bacc;
     }
 }
 
@@ -137,18 +168,14 @@ static void mv_generic(const mx_qmat *m, const float *x, const float *xsum, floa
 static void matvec_rows_avx512(const mx_qmat *m, const float *x, const float *xsum,
                                float *y, int64_t r0, int64_t r1)
 {
-    int gs = m->group_size;
-    if (m->bits == 4) {
-        if (gs == 64) mv4(m, x, xsum, y, r0, r1, 64);
-        else if (gs == 32) mv4(m, x, xsum, y, r0, r1, 32);
-        else mv4(m, x, xsum, y, r0, r1, 128);
-    } else if (m->bits == 8) {
-        if (gs == 64) mv8(m, x, xsum, y, r0, r1, 64);
-        else if (gs == 32) mv8(m, x, xsum, y, r0, r1, 32);
-        else mv8(m, x, xsum, y, r0, r1, 128);
-    } else {
+    if (m->bits == 4)
+        mv_pow2(m, x, xsum, y, r0, r1, 4);
+    else if (m->bits == 8)
+        mv_pow2(m, x, xsum, y, r0, r1, 8);
+    else if (m->bits == 2)
+        mv_pow2(m, x, xsum, y, r0, r1, 2);
+    else
         mv_generic(m, x, xsum, y, r0, r1);
-    }
 }
 
 /* ---- matmul -------------------------------------------------------------- */

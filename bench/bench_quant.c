@@ -1,0 +1,167 @@
+/* bench_quant.c - decode (matvec) bandwidth and prefill (matmul) throughput
+ * of the quantized kernels.
+ *
+ * usage: bench_quant [experts [repeats]]
+ *
+ * matvec: a set of `experts` pairs of 4-bit, group-64, f16-scale matrices
+ * shaped like an MoE expert's projections (2048x1408 and 1408x2048), sized
+ * to exceed the last-level cache, is swept once per repeat with every
+ * variant the CPU supports and thread counts 1..ncpu.  Reported: GB/s of
+ * weight+scale+bias bytes streamed (min and median time over repeats),
+ * beside a plain multi-threaded memory read over a buffer of the same size.
+ * matmul: T=128 tokens through one 2048x1408 matrix, tokens/s. */
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/quant.h"
+#include "util/err.h"
+#include "util/parallel.h"
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void stats(double *t, int n, double *mn, double *med)
+{
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    *mn = t[0];
+    *med = t[n / 2];
+}
+
+static void fill(void *p, size_t n, uint64_t seed)
+{
+    uint64_t *q = p;
+    for (size_t i = 0; i < n / 8; i++) {
+        seed ^= seed << 13; seed ^= seed >> 7; seed ^= seed << 17;
+        q[i] = seed;
+    }
+}
+
+/* f16 scales in a sane range: random bytes would give NaN/Inf. */
+static void fill_f16(uint16_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed ^= seed << 13; seed ^= seed >> 7; seed ^= seed << 17;
+        p[i] = (uint16_t)(0x2000 | (seed & 0x83ff));   /* |v| ~ 2^-7, either sign */
+    }
+}
+
+typedef struct mat {
+    mx_qmat m;
+    uint8_t *w;
+    uint16_t *s, *b;
+} mat;
+
+static void mat_init(mat *a, int64_t rows, int64_t cols, uint64_t seed)
+{
+    a->m = (mx_qmat){ .rows = rows, .cols = cols, .bits = 4, .group_size = 64, .sdtype = MX_F16 };
+    size_t nw = (size_t)(rows * cols / 2), ng = (size_t)(rows * cols / 64);
+    a->w = aligned_alloc(64, nw);
+    a->s = malloc(ng * 2);
+    a->b = malloc(ng * 2);
+    fill(a->w, nw, seed);
+    fill_f16(a->s, ng, seed + 1);
+    fill_f16(a->b, ng, seed + 2);
+    a->m.w = a->w;
+    a->m.scales = a->s;
+    a->m.biases = a->b;
+}
+
+static double read_probe(const uint64_t *buf, size_t n, int nth)
+{
+    uint64_t sum = 0;
+    double t0 = mx_now();
+#pragma omp parallel for num_threads(nth) reduction(+ : sum) schedule(static)
+    for (size_t i = 0; i < n; i++)
+        sum += buf[i];
+    double t = mx_now() - t0;
+    if (sum == 42)
+        puts("");   /* keep the sum alive */
+    return t;
+}
+
+int main(int argc, char **argv)
+{
+    int nexp = argc > 1 ? atoi(argv[1]) : 192;
+    int reps = argc > 2 ? atoi(argv[2]) : 5;
+    if (nexp < 1) nexp = 1;
+    if (reps < 1) reps = 1;
+    int ncpu = mx_threads();
+    mat *up = calloc((size_t)nexp, sizeof *up), *down = calloc((size_t)nexp, sizeof *down);
+    size_t bytes = 0;
+    for (int e = 0; e < nexp; e++) {
+        mat_init(&up[e], 1408, 2048, 1000 + (uint64_t)e * 7);
+        mat_init(&down[e], 2048, 1408, 5000 + (uint64_t)e * 7);
+        bytes += mx_qmat_bytes(&up[e].m) + mx_qmat_bytes(&down[e].m);
+    }
+    float *x = malloc(2048 * 128 * sizeof *x), *y = malloc(2048 * 128 * sizeof *y);
+    for (int i = 0; i < 2048 * 128; i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    printf("matvec: %d x (1408x2048 + 2048x1408) 4-bit g64 f16 = %.1f MB per sweep, %d repeats\n",
+           nexp, bytes / 1e6, reps);
+
+    /* memory read probe over a buffer of the same size */
+    size_t nprobe = bytes / 8;
+    uint64_t *probe = aligned_alloc(64, nprobe * 8);
+    fill(probe, nprobe * 8, 99);
+    double *t = malloc((size_t)reps * sizeof *t), mn, med;
+    for (int nth = 1; nth <= ncpu; nth++) {
+        read_probe(probe, nprobe, nth);
+        for (int r = 0; r < reps; r++)
+            t[r] = read_probe(probe, nprobe, nth);
+        stats(t, reps, &mn, &med);
+        printf("  %-8s threads=%d  best %6.2f GB/s  median %6.2f GB/s\n", "memread", nth,
+               bytes / mn / 1e9, bytes / med / 1e9);
+    }
+    free(probe);
+
+    for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
+        if (mx_qkernels_force(*nm) != 0)
+            continue;
+        for (int nth = 1; nth <= ncpu; nth++) {
+            mx_set_threads(nth);
+            for (int r = -1; r < reps; r++) {      /* r = -1: warm-up */
+                double t0 = mx_now();
+                for (int e = 0; e < nexp; e++) {
+                    mx_qmatvec(&up[e].m, x, y);
+                    mx_qmatvec(&down[e].m, y, x + 2048);
+                }
+                if (r >= 0)
+                    t[r] = mx_now() - t0;
+            }
+            stats(t, reps, &mn, &med);
+            printf("  %-8s threads=%d  best %6.2f GB/s  median %6.2f GB/s  (%.2f ms/sweep)\n",
+                   *nm, nth, bytes / mn / 1e9, bytes / med / 1e9, med * 1e3);
+        }
+    }
+
+    printf("matmul: T=128 tokens x 2048x1408 (rows x cols) 4-bit g64 f16\n");
+    mat mm;
+    mat_init(&mm, 2048, 1408, 77);
+    for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
+        if (mx_qkernels_force(*nm) != 0)
+            continue;
+        for (int nth = 1; nth <= ncpu; nth++) {
+            mx_set_threads(nth);
+            int mreps = !strcmp(*nm, "scalar") ? 1 : reps;
+            for (int r = -1; r < mreps; r++) {
+                double t0 = mx_now();
+                mx_qmatmul(&mm.m, x, 128, y);
+                if (r >= 0)
+                    t[r] = mx_now() - t0;
+            }
+            stats(t, mreps, &mn, &med);
+            double flops = 2.0 * 128 * 2048 * 1408;
+            printf("  %-8s threads=%d  best %8.0f tok/s  median %8.0f tok/s  (%.1f GFLOP/s)\n",
+                   *nm, nth, 128 / mn, 128 / med, flops / mn / 1e9);
+        }
+    }
+    mx_qkernels_force(NULL);
+    mx_set_threads(0);
+    return 0;
+}
