@@ -144,31 +144,39 @@ static int feed(mx_engine *g, mx_session *s, const int32_t *ids, int n, float *l
     return MX_OK;
 }
 
-/* Sends text through the stop filter and the callback.  Returns 1 when a
- * stop string matched, -1 when the callback cancelled, else 0. */
-static int emit(mx_gen_cb cb, void *ud, mx_stopper *stop, int32_t id, const char *text, size_t len)
+struct mx_gen_req {
+    mx_engine *g;
+    mx_session *s;
+    int32_t *prompt;
+    int n_prompt;
+    mx_gen_opts o;
+    mx_gen_cb cb;
+    void *ud;
+    float *logits;
+    mx_sampler *smp;
+    mx_stopper *stop;
+    mx_tok_stream *ts;
+    mx_gen_stats st;
+    double t0, td;
+    int finished;
+};
+
+void mx_gen_req_free(mx_gen_req *r)
 {
-    char *out = NULL;
-    size_t n = 0;
-    int hit = 0;
-    if (stop && text) {
-        hit = mx_stopper_feed(stop, text, len, &out, &n);
-        text = out;
-        len = n;
-    }
-    int cancel = cb ? cb(ud, id, text, len) : 0;
-    free(out);
-    return cancel ? -1 : hit;
+    if (!r)
+        return;
+    mx_tok_stream_free(r->ts);
+    mx_stopper_free(r->stop);
+    mx_sampler_free(r->smp);
+    free(r->logits);
+    free(r->prompt);
+    free(r);
 }
 
-int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
-                const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_stats *st, mx_err *e)
+int mx_gen_req_new(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
+                   const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_req **out, mx_err *e)
 {
-    mx_gen_stats local;
-    if (!st)
-        st = &local;
-    memset(st, 0, sizeof *st);
-    st->finish = "length";
+    *out = NULL;
     if (n_prompt <= 0)
         return mx_fail(e, MX_EINVAL, "the prompt is empty");
     if (n_prompt >= s->seq->n_ctx)
@@ -179,103 +187,167 @@ int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt
         if (prompt[i] < 0 || prompt[i] >= m->vocab)
             return mx_fail(e, MX_ERANGE, "prompt token id %d is outside the vocabulary (0..%d)",
                            prompt[i], m->vocab - 1);
+    mx_gen_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    r->g = g;
+    r->s = s;
+    r->o = *o;
+    r->cb = cb;
+    r->ud = ud;
+    r->n_prompt = n_prompt;
+    r->st.finish = "length";
+    r->st.n_prompt = n_prompt;
+    r->prompt = malloc(sizeof *prompt * (size_t)n_prompt);
+    r->logits = malloc(sizeof(float) * (size_t)m->vocab);
+    r->smp = mx_sampler_new(&o->sample, m->vocab);
+    r->stop = o->n_stops ? mx_stopper_new(o->stops, o->n_stops) : NULL;
+    r->ts = g->tok ? mx_tok_stream_new(g->tok, !o->keep_special) : NULL;
+    if (!r->prompt || !r->logits || !r->smp || (o->n_stops && !r->stop) || (g->tok && !r->ts)) {
+        mx_gen_req_free(r);
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    }
+    memcpy(r->prompt, prompt, sizeof *prompt * (size_t)n_prompt);
+    *out = r;
+    return MX_OK;
+}
 
+int mx_gen_req_prefill(mx_gen_req *r, mx_err *e)
+{
+    mx_session *s = r->s;
     /* Reuse what the cache already holds; always feed at least one token so
      * there are logits to sample from. */
     int common = 0;
-    while (common < s->seq->pos && common < n_prompt - 1 && s->ids[common] == prompt[common])
+    while (common < s->seq->pos && common < r->n_prompt - 1 && s->ids[common] == r->prompt[common])
         common++;
     s->seq->pos = common;
-    st->n_prompt = n_prompt;
-    st->n_cached = common;
-
-    float *logits = malloc(sizeof(float) * (size_t)m->vocab);
-    mx_sampler *smp = mx_sampler_new(&o->sample, m->vocab);
-    mx_stopper *stop = o->n_stops ? mx_stopper_new(o->stops, o->n_stops) : NULL;
-    mx_tok_stream *ts = g->tok ? mx_tok_stream_new(g->tok, !o->keep_special) : NULL;
-    int rc = MX_OK;
-    if (!logits || !smp || (o->n_stops && !stop) || (g->tok && !ts)) {
-        rc = mx_fail(e, MX_ENOMEM, "out of memory");
-        goto done;
+    r->st.n_cached = common;
+    r->t0 = mx_now();
+    int rc = feed(r->g, s, r->prompt + common, r->n_prompt - common, r->logits, e);
+    if (rc)
+        return rc;
+    r->st.t_prefill = mx_now() - r->t0;
+    if (r->o.dump_logits) {
+        const size_t V = (size_t)r->g->model->vocab;
+        FILE *f = fopen(r->o.dump_logits, "wb");
+        int bad = !f || fwrite(r->logits, sizeof(float), V, f) != V;
+        if (f && fclose(f) != 0)
+            bad = 1;
+        if (bad)
+            return mx_fail(e, MX_EIO, "%s: cannot write logits", r->o.dump_logits);
     }
+    r->td = mx_now();
+    return MX_OK;
+}
 
-    double t0 = mx_now();
-    if ((rc = feed(g, s, prompt + common, n_prompt - common, logits, e)))
-        goto done;
-    st->t_prefill = mx_now() - t0;
-    if (o->dump_logits) {
-        FILE *f = fopen(o->dump_logits, "wb");
-        if (!f || fwrite(logits, sizeof(float), (size_t)m->vocab, f) != (size_t)m->vocab) {
-            if (f)
-                fclose(f);
-            rc = mx_fail(e, MX_EIO, "%s: cannot write logits", o->dump_logits);
-            goto done;
-        }
-        fclose(f);
+/* Sends text through the stop filter and the callback.  Returns 1 when a
+ * stop string matched, -1 when the callback cancelled, else 0. */
+static int emit(mx_gen_req *r, int32_t id, const char *text, size_t len)
+{
+    char *out = NULL;
+    size_t n = 0;
+    int hit = 0;
+    if (r->stop && text) {
+        hit = mx_stopper_feed(r->stop, text, len, &out, &n);
+        text = out;
+        len = n;
     }
+    int cancel = r->cb ? r->cb(r->ud, id, text, len) : 0;
+    free(out);
+    return cancel ? -1 : hit;
+}
 
-    double td = mx_now();
-    int stopped = 0;
-    while (st->n_gen < o->max_tokens) {
-        int32_t id = mx_sampler_sample(smp, logits, s->ids, (size_t)s->seq->pos);
-        if (st->n_gen == 0)
-            st->t_first = mx_now() - t0;
-        if (!o->ignore_eos && mx_engine_is_eos(g, id)) {
-            st->finish = "stop";
-            break;
-        }
-        st->n_gen++;
-        char *piece = NULL;
-        size_t plen = 0;
-        if (ts && (rc = mx_tok_stream_push(ts, id, &piece, &plen, e)))
-            goto done;
-        int r = emit(cb, ud, stop, id, piece, plen);
-        free(piece);
-        if (r) {
-            st->finish = r > 0 ? "stop" : "cancelled";
-            stopped = 1;
-            break;
-        }
-        if (st->n_gen >= o->max_tokens)
-            break;
-        if (s->seq->pos + 1 >= s->seq->n_ctx) {
-            st->finish = "length";
-            break;
-        }
-        if ((rc = feed(g, s, &id, 1, logits, e)))
-            goto done;
-    }
-    st->t_decode = mx_now() - td;
-    if (!stopped) {
-        /* text held back by the detokenizer or the stop filter */
-        char *rest = NULL, *tail = NULL;
-        size_t nrest = 0, ntail = 0;
-        if (ts && (rc = mx_tok_stream_flush(ts, &rest, &nrest, e)))
-            goto done;
-        int hit = 0;
-        if (stop) {
-            char *out = NULL;
-            size_t n = 0;
-            hit = rest ? mx_stopper_feed(stop, rest, nrest, &out, &n) : 0;
-            if (!hit)
-                mx_stopper_flush(stop, &tail, &ntail);
-            free(rest);
-            rest = out;
-            nrest = n;
-            if (hit)
-                st->finish = "stop";
-        }
-        if (cb && nrest)
-            cb(ud, -1, rest, nrest);
-        if (cb && ntail)
-            cb(ud, -1, tail, ntail);
+/* End of generation without a stop string: flush what the detokenizer and
+ * the stop filter held back. */
+static int finish(mx_gen_req *r, const char *why, int flush, mx_err *e)
+{
+    r->finished = 1;
+    r->st.finish = why;
+    r->st.t_decode = mx_now() - r->td;
+    if (!flush)
+        return 1;
+    char *rest = NULL, *tail = NULL;
+    size_t nrest = 0, ntail = 0;
+    if (r->ts && mx_tok_stream_flush(r->ts, &rest, &nrest, e))
+        return -(e ? e->code : MX_EFORMAT);
+    if (r->stop) {
+        char *out = NULL;
+        size_t n = 0;
+        int hit = rest ? mx_stopper_feed(r->stop, rest, nrest, &out, &n) : 0;
+        if (hit)
+            r->st.finish = "stop";
+        else
+            mx_stopper_flush(r->stop, &tail, &ntail);
         free(rest);
-        free(tail);
+        rest = out;
+        nrest = n;
     }
-done:
-    mx_tok_stream_free(ts);
-    mx_stopper_free(stop);
-    mx_sampler_free(smp);
-    free(logits);
+    if (r->cb && nrest)
+        r->cb(r->ud, -1, rest, nrest);
+    if (r->cb && ntail)
+        r->cb(r->ud, -1, tail, ntail);
+    free(rest);
+    free(tail);
+    return 1;
+}
+
+int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
+{
+    if (r->finished)
+        return 1;
+    mx_session *s = r->s;
+    if (r->o.max_tokens <= 0)
+        return finish(r, "length", 1, e);
+    int32_t id = mx_sampler_sample(r->smp, r->logits, s->ids, (size_t)s->seq->pos);
+    if (r->st.n_gen == 0)
+        r->st.t_first = mx_now() - r->t0;
+    if (!r->o.ignore_eos && mx_engine_is_eos(r->g, id))
+        return finish(r, "stop", 1, e);
+    r->st.n_gen++;
+    char *piece = NULL;
+    size_t plen = 0;
+    if (r->ts && mx_tok_stream_push(r->ts, id, &piece, &plen, e))
+        return -(e ? e->code : MX_EFORMAT);
+    int hit = emit(r, id, piece, plen);
+    free(piece);
+    if (hit)
+        return finish(r, hit > 0 ? "stop" : "cancelled", 0, e);
+    if (r->st.n_gen >= r->o.max_tokens || s->seq->pos + 1 >= s->seq->n_ctx)
+        return finish(r, "length", 1, e);
+    *next = id;
+    return 0;
+}
+
+void mx_gen_req_fed(mx_gen_req *r, int32_t id)
+{
+    mx_session *s = r->s;
+    if (s->seq->pos > 0)
+        s->ids[s->seq->pos - 1] = id;
+}
+
+float *mx_gen_req_logits(mx_gen_req *r) { return r->logits; }
+mx_session *mx_gen_req_session(mx_gen_req *r) { return r->s; }
+const mx_gen_stats *mx_gen_req_stats(const mx_gen_req *r) { return &r->st; }
+
+int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
+                const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_stats *st, mx_err *e)
+{
+    mx_gen_req *r = NULL;
+    int rc = mx_gen_req_new(g, s, prompt, n_prompt, o, cb, ud, &r, e);
+    if (!rc)
+        rc = mx_gen_req_prefill(r, e);
+    while (!rc) {
+        int32_t next;
+        int k = mx_gen_req_step(r, &next, e);
+        if (k < 0)
+            rc = -k;
+        else if (k > 0)
+            break;
+        else if (!(rc = mx_forward(g->model, s->seq, &next, 1, r->logits, NULL, e)))
+            mx_gen_req_fed(r, next);
+    }
+    if (st)
+        *st = r ? r->st : (mx_gen_stats){.finish = "error"};
+    mx_gen_req_free(r);
     return rc;
 }

@@ -80,4 +80,33 @@ typedef int (*mx_gen_cb)(void *ud, int32_t id, const char *text, size_t len);
 int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
                 const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_stats *st, mx_err *e);
 
+/* The same generation, one step at a time, for callers that interleave
+ * several requests (the server batches the decode steps of all active
+ * requests into one mx_forward_batch):
+ *
+ *   mx_gen_req_new(...)                 validates, sets up sampler/stops/stream
+ *   mx_gen_req_prefill(r)               runs the uncached part of the prompt
+ *   while (!mx_gen_req_step(r, &next))  samples from mx_gen_req_logits(r),
+ *       <forward `next` on mx_gen_req_session(r)->seq, logits into
+ *        mx_gen_req_logits(r), then mx_gen_req_fed(r, next)>
+ *   mx_gen_req_free(r)
+ *
+ * mx_gen_req_step returns 1 when finished (stats say why), 0 when `next`
+ * must be fed, or an error code < 0 ... see gen.c.  The callback is called
+ * from mx_gen_req_step. */
+typedef struct mx_gen_req mx_gen_req;
+int mx_gen_req_new(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
+                   const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_req **out, mx_err *e);
+int mx_gen_req_prefill(mx_gen_req *r, mx_err *e);
+/* Samples the next token from the current logits and emits its text.
+ * Returns 1 when the request is finished, 0 when *next must be fed through
+ * the model, or a negative value on error (e filled). */
+int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e);
+/* Records that `id` was fed (its K/V are now in the session's cache). */
+void mx_gen_req_fed(mx_gen_req *r, int32_t id);
+float *mx_gen_req_logits(mx_gen_req *r);           /* [vocab] */
+mx_session *mx_gen_req_session(mx_gen_req *r);
+const mx_gen_stats *mx_gen_req_stats(const mx_gen_req *r);
+void mx_gen_req_free(mx_gen_req *r);
+
 #endif
