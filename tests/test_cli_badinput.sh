@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Bad input through the CLI: every case must exit non-zero (not a crash:
+# status < 128) with a single line on stderr naming the problem.
+set -u
+BIN=${MLXCEL_BIN:-build/mlxcel}
+if [ -z "${MLXCEL_FIXTURES:-}" ]; then
+  echo "SKIP: MLXCEL_FIXTURES is not set; bad-input tests copy fixture checkpoints" >&2
+  exit 77
+fi
+FX=$MLXCEL_FIXTURES
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+
+# expect NAME EXPECTED_SUBSTRING -- command...
+expect() {
+  local name=$1 want=$2; shift 3
+  local err rc lines
+  err=$("$@" 2>&1 >/dev/null); rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ $rc -ne 0 ] && [ $rc -lt 128 ] && [ "$lines" -eq 1 ] && printf '%s' "$err" | grep -qF -- "$want"; then
+    pass=$((pass + 1))
+    echo "ok   $name: $err"
+  else
+    fail=$((fail + 1))
+    echo "FAIL $name (exit $rc, $lines lines, wanted '$want'):"
+    printf '%s\n' "$err" | head -5
+  fi
+}
+
+fresh() {   # fresh copy of a fixture checkpoint into $T/$2
+  rm -rf "$T/$2"; mkdir -p "$T/$2"
+  cp "$FX/$1"/config.json "$FX/$1"/*.safetensors "$T/$2"/
+  rm -f "$T/$2/reference.safetensors"
+  [ -f "$FX/$1/model.safetensors.index.json" ] && cp "$FX/$1/model.safetensors.index.json" "$T/$2"/
+  true
+}
+
+# a safetensors file from a header string and N data bytes
+mkst() {  # path header nbytes
+  local len=${#2}
+  perl -e 'print pack("Q<", $ARGV[0]), $ARGV[1], "\0" x $ARGV[2]' "$len" "$2" "$3" > "$1"
+}
+
+fresh qwen3_moe_tiny trunc
+f=$T/trunc/model.safetensors; truncate -s $(( $(stat -c %s "$f") / 2 )) "$f"
+expect truncated "model.safetensors" -- "$BIN" inspect -m "$T/trunc"
+
+fresh qwen3_moe_tiny hdrlen
+perl -e 'print pack("Q<", 1<<40)' > "$T/hdrlen/model.safetensors"
+expect "header length beyond file" "model.safetensors" -- "$BIN" inspect -m "$T/hdrlen"
+
+fresh qwen3_moe_tiny garbage
+{ perl -e 'print pack("Q<", 64)'; head -c 64 /dev/urandom; } > "$T/garbage/model.safetensors"
+expect "garbage header" "model.safetensors" -- "$BIN" inspect -m "$T/garbage"
+
+mkdir -p "$T/offs"; cp "$FX/qwen3_moe_tiny/config.json" "$T/offs/"
+mkst "$T/offs/model.safetensors" '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}' 8
+expect "offsets out of range" "'a'" -- "$BIN" inspect -m "$T/offs"
+
+mkdir -p "$T/overlap"; cp "$FX/qwen3_moe_tiny/config.json" "$T/overlap/"
+mkst "$T/overlap/model.safetensors" '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}' 24
+expect "overlapping tensors" "overlap" -- "$BIN" inspect -m "$T/overlap"
+
+fresh qwen3_moe_tiny dtype
+perl -0777 -pi -e 's/"lm_head.weight":\{"dtype":"U32"/"lm_head.weight":{"dtype":"I32"/' "$T/dtype/model.safetensors"
+expect "wrong dtype for a quantized weight" "lm_head" -- "$BIN" inspect -m "$T/dtype"
+
+fresh qwen3_moe_tiny shape
+perl -0777 -pi -e 's/"lm_head.scales":\{"dtype":"BF16","shape":\[4096,2\]/"lm_head.scales":{"dtype":"BF16","shape":[2048,4]/' "$T/shape/model.safetensors"
+expect "wrong shape for a quantized weight" "lm_head" -- "$BIN" inspect -m "$T/shape"
+
+fresh qwen2_moe_tiny_chat shard
+rm "$T/shard/model-00002-of-00002.safetensors"
+expect "shard missing from the index" "model-00002-of-00002.safetensors" -- "$BIN" inspect -m "$T/shard"
+
+fresh qwen3_moe_tiny json
+echo '{"model_type": "qwen3_moe", "hidden_size": ' > "$T/json/config.json"
+expect "invalid config JSON" "config.json" -- "$BIN" inspect -m "$T/json"
+
+fresh qwen3_moe_tiny bits
+perl -0777 -pi -e 's/"bits": 4/"bits": 7/g' "$T/bits/config.json"
+expect "unsupported bits" "7" -- "$BIN" inspect -m "$T/bits"
+
+fresh qwen3_moe_tiny mtype
+perl -0777 -pi -e 's/"model_type": "qwen3_moe"/"model_type": "gpt_neox"/' "$T/mtype/config.json"
+expect "unknown model_type" "qwen2_moe" -- "$BIN" inspect -m "$T/mtype"
+
+expect "missing directory" "$T/none" -- "$BIN" inspect -m "$T/none"
+expect "token id out of range" "4096" -- "$BIN" generate -m "$FX/qwen3_moe_tiny" --prompt-ids 1,4096 -n 2 --ids-only
+expect "malformed token ids" "--prompt-ids" -- "$BIN" generate -m "$FX/qwen3_moe_tiny" --prompt-ids 1,x,3 -n 2 --ids-only
+expect "unknown option" "--bogus" -- "$BIN" generate --bogus
+expect "context too small" "context" -- "$BIN" generate -m "$FX/qwen3_moe_tiny" --prompt-ids 1,2,3,4 -c 3 -n 2 --ids-only
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
