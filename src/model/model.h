@@ -77,7 +77,7 @@ void mx_model_free(mx_model *m);
 /* Bytes of weights one decoded token streams (attention, router, k experts,
  * shared expert, dense MLPs, lm_head, one embedding row). */
 uint64_t mx_model_active_bytes(const mx_model *m);
-/* Bytes of all weights; parameter count (dequantized). */
+/* Bytes of all tensors in the checkpoint; parameter count (dequantized). */
 uint64_t mx_model_weight_bytes(const mx_model *m);
 uint64_t mx_model_param_count(const mx_model *m);
 /* KV cache bytes for n_ctx tokens. */

@@ -84,20 +84,11 @@ uint64_t mx_model_active_bytes(const mx_model *m)
 
 uint64_t mx_model_weight_bytes(const mx_model *m)
 {
-    uint64_t b = mx_linear_bytes(&m->embed) + (m->tied ? 0 : mx_linear_bytes(&m->lm_head));
-    for (int l = 0; l < m->n_layers; l++) {
-        const mx_layer *L = &m->layers[l];
-        b += attn_bytes(&L->attn);
-        if (!L->is_moe) {
-            b += mlp_bytes(&L->mlp);
-            continue;
-        }
-        b += mx_linear_bytes(&L->moe.router);
-        for (int i = 0; i < L->moe.experts.n; i++)
-            b += expert_bytes(&L->moe.experts, i);
-        if (L->moe.has_shared)
-            b += mlp_bytes(&L->moe.shared) + mx_linear_bytes(&L->moe.shared_gate);
-    }
+    /* every tensor of the checkpoint is mapped: quantized weights, scales,
+     * biases, norms */
+    uint64_t b = 0;
+    for (size_t i = 0; i < mx_st_count(m->st); i++)
+        b += mx_st_at(m->st, i)->nbytes;
     return b;
 }
 
