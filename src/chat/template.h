@@ -41,4 +41,18 @@ int mx_chat_template_is_fallback(const mx_chat_template *t);
 int mx_chat_render(const mx_chat_template *t, const mx_chat_msg *msgs, size_t n,
                    int add_generation_prompt, char **out, mx_err *e);
 
+/* Like mx_chat_render with the messages as a JSON array (so messages may
+ * carry tool_calls, reasoning_content, ...), `tools` as a JSON array or NULL
+ * (rendered as None, as transformers does), and `extra` an optional JSON
+ * object of further template variables (e.g. {"enable_thinking": false}). */
+int mx_chat_render_json(const mx_chat_template *t, const struct cJSON *messages,
+                        const struct cJSON *tools, const struct cJSON *extra,
+                        int add_generation_prompt, char **out, mx_err *e);
+
+/* The template text in use (the fallback's when is_fallback). */
+const char *mx_chat_template_text(const mx_chat_template *t);
+
+/* Syntax check only. */
+int mx_jinja_check(const char *tmpl, mx_err *e);
+
 #endif
