@@ -445,15 +445,52 @@ static int load_parts(mx_tokenizer *t, const cJSON *root, const char *file, mx_e
     return MX_OK;
 }
 
-/* Blanks the values of model.vocab and model.merges ("{   }", "[   ]") so
- * cJSON parses only the small rest; offsets in its errors stay true. */
-static void blank_span(char *s, const size_t span[2], char open, char close)
+/* The document without the values of model.vocab and model.merges (they
+ * become {} and []), so cJSON parses only the small rest.  cut[] records
+ * the removed spans to map cJSON's error offsets back to the file. */
+typedef struct { size_t at, removed; } cut;
+
+static char *strip_parts(const char *s, size_t n, const raw_parts *rp, size_t *out_len,
+                         cut cuts[2])
 {
-    if (span[1] - span[0] < 2)
-        return;
-    s[span[0]] = open;
-    memset(s + span[0] + 1, ' ', span[1] - span[0] - 2);
-    s[span[1] - 1] = close;
+    size_t sp[2][2] = {{rp->vocab[0], rp->vocab[1]}, {rp->merges[0], rp->merges[1]}};
+    const char *fill[2] = {"{}", "[]"};
+    if (sp[1][0] < sp[0][0]) {
+        size_t a = sp[0][0], b = sp[0][1];
+        sp[0][0] = sp[1][0], sp[0][1] = sp[1][1], sp[1][0] = a, sp[1][1] = b;
+        fill[0] = "[]", fill[1] = "{}";
+    }
+    char *r = malloc(n + 5);
+    if (!r)
+        return NULL;
+    size_t k = 0, pos = 0;
+    for (int i = 0; i < 2; i++) {
+        cuts[i].at = 0;
+        cuts[i].removed = 0;
+        if (sp[i][1] - sp[i][0] < 2)
+            continue;
+        memcpy(r + k, s + pos, sp[i][0] - pos);
+        k += sp[i][0] - pos;
+        cuts[i].at = k + 2;
+        cuts[i].removed = sp[i][1] - sp[i][0] - 2;
+        memcpy(r + k, fill[i], 2);
+        k += 2;
+        pos = sp[i][1];
+    }
+    memcpy(r + k, s + pos, n - pos);
+    k += n - pos;
+    r[k] = 0;
+    *out_len = k;
+    return r;
+}
+
+static long file_offset(long off, const cut cuts[2])
+{
+    long add = 0;
+    for (int i = 0; i < 2; i++)
+        if (cuts[i].removed && off >= (long)cuts[i].at)
+            add += (long)cuts[i].removed;
+    return off < 0 ? off : off + add;
 }
 
 int mx_tok_load(const char *path, mx_tokenizer **out, mx_err *e)
@@ -466,18 +503,18 @@ int mx_tok_load(const char *path, mx_tokenizer **out, mx_err *e)
         return rc;
     raw_parts rp = {buf, {0, 0}, {0, 0}};
     char *rest = NULL;
-    if (tok_json_model_parts(buf, len, rp.vocab, rp.merges) == 0 && (rest = malloc(len + 1))) {
-        memcpy(rest, buf, len + 1);
-        blank_span(rest, rp.vocab, '{', '}');
-        blank_span(rest, rp.merges, '[', ']');
-    }
-    cJSON *root = cJSON_ParseWithLength(rest ? rest : buf, len);
+    size_t rest_len = len;
+    cut cuts[2] = {{0, 0}, {0, 0}};
+    if (tok_json_model_parts(buf, len, rp.vocab, rp.merges) == 0)
+        rest = strip_parts(buf, len, &rp, &rest_len, cuts);
+    cJSON *root = cJSON_ParseWithLength(rest ? rest : buf, rest_len);
     if (!root) {
         const char *base = rest ? rest : buf, *at = cJSON_GetErrorPtr();
-        long off = at && at >= base && at <= base + len ? (long)(at - base) : -1;
+        long off = at && at >= base && at <= base + rest_len ? (long)(at - base) : -1;
         free(rest);
         free(buf);
-        return mx_fail(e, MX_EFORMAT, "%s: not valid JSON (near byte %ld)", path, off);
+        return mx_fail(e, MX_EFORMAT, "%s: not valid JSON (near byte %ld)", path,
+                       file_offset(off, cuts));
     }
     free(rest);
     mx_tokenizer *t = calloc(1, sizeof *t);
