@@ -429,7 +429,7 @@ static inline float unitf(uint64_t u)   /* [0, 1) */
     return (float)(u >> 40) * (1.0f / 16777216.0f);
 }
 
-static float round_dtype(float v, mx_dtype t)
+static inline float round_dtype(float v, mx_dtype t)
 {
     switch (t) {
     case MX_F16: return mx_f16_to_f32(mx_f32_to_f16(v));
@@ -438,7 +438,7 @@ static float round_dtype(float v, mx_dtype t)
     }
 }
 
-static void store_dtype(void *dst, size_t i, float v, mx_dtype t)
+static inline void store_dtype(void *dst, size_t i, float v, mx_dtype t)
 {
     switch (t) {
     case MX_F16: ((uint16_t *)dst)[i] = mx_f32_to_f16(v); break;
@@ -476,13 +476,15 @@ static void gen_groups_row(const mx_synth_tensor *t, uint64_t base, mx_dtype sdt
     float mid = (float)(levels / 2.0);
     float sq = (float)sqrt(levels * (levels + 2.0) / 12.0);
     float sigma = t->gain / sqrtf((float)t->cols);
+    float unit_scale = sigma / sq;
     int64_t ng = t->cols / t->group_size;
     for (int64_t g = 0; g < ng; g++) {
+        /* one draw per group: bits 0-1 sign, 8-31 magnitude, 40-63 offset */
         uint64_t u = next64(&s);
         float sign = (u & 3) == 0 ? -1.0f : 1.0f;
-        float mag = 0.75f + 0.5f * unitf(u);
-        float sc = round_dtype(sign * mag * sigma / sq, sdt);
-        float off = 0.2f * sigma * (2.0f * unitf(next64(&s)) - 1.0f);
+        float mag = 0.75f + 0.5f * (float)((u >> 8) & 0xffffff) * (1.0f / 16777216.0f);
+        float sc = round_dtype(sign * mag * unit_scale, sdt);
+        float off = 0.2f * sigma * (2.0f * unitf(u) - 1.0f);
         scales[g] = sc;
         biases[g] = round_dtype(-sc * mid + off, sdt);
     }
@@ -605,60 +607,131 @@ static void progress_show(progress *pg, int final)
     double now = mx_now();
     int pct = pg->total ? (int)(100.0 * (double)pg->done / (double)pg->total) : 100;
     /* On a terminal redraw twice a second; into a log, a line per 10%. */
-    if (!final && (pg->tty ? now - pg->last < 0.5 : pct / 10 == pg->last_pct / 10))
+    if (!final && (pct >= 100 || (pg->tty ? now - pg->last < 0.5 : pct / 10 == pg->last_pct / 10)))
         return;
     pg->last = now;
     pg->last_pct = pct;
     double el = now - pg->t0;
     double mbs = el > 0 ? (double)pg->done / 1e6 / el : 0.0;
-    fprintf(stderr, "%ssynth: %3d%%  %.2f / %.2f GB  %.0f MB/s%s", pg->tty ? "\r" : "",
-            pct, (double)pg->done / 1e9, (double)pg->total / 1e9, mbs,
+    int gb = pg->total >= 1000000000ull;
+    double unit = gb ? 1e9 : 1e6;
+    fprintf(stderr, "%ssynth: %3d%%  %.2f / %.2f %s  %.0f MB/s%s", pg->tty ? "\r" : "", pct,
+            (double)pg->done / unit, (double)pg->total / unit, gb ? "GB" : "MB", mbs,
             pg->tty && !final ? "" : "\n");
     fflush(stderr);
 }
 
-/* Rows per generated chunk: about 32 MB, at least one row. */
+/* The data of a shard is generated in chunks of about 32 MB that may span
+ * many tensors (per-expert checkpoints have thousands of small ones), cut
+ * into work items of about 256 KB that the threads share; one parallel
+ * region and one write per chunk. */
 #define CHUNK_BYTES (32u << 20)
+#define ITEM_BYTES (256u << 10)
 
-static int write_tensor(mx_st_writer *w, const mx_synth_tensor *t, uint64_t seed, uint8_t *buf,
-                        progress *pg, mx_err *e)
+typedef struct work_item {
+    const mx_synth_tensor *t;
+    uint64_t base;            /* hash of the tensor's module */
+    int64_t r0, r1;           /* global rows (matrix * rows + row) */
+    size_t off;               /* into the chunk buffer */
+} work_item;
+
+typedef struct chunker {
+    work_item *items;
+    size_t n, cap;
+    size_t fill;              /* bytes of the chunk planned so far */
+    size_t chunk_cap;         /* buffer size */
+} chunker;
+
+static int chunk_push(chunker *c, const mx_synth_tensor *t, uint64_t base, int64_t r0,
+                      int64_t r1, size_t rb)
+{
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 1024;
+        work_item *it = realloc(c->items, cap * sizeof *it);
+        if (!it)
+            return -1;
+        c->items = it;
+        c->cap = cap;
+    }
+    c->items[c->n++] = (work_item){t, base, r0, r1, c->fill};
+    c->fill += (size_t)(r1 - r0) * rb;
+    return 0;
+}
+
+/* Generates the planned items into buf and writes them; resets the chunk. */
+static int chunk_flush(chunker *c, mx_st_writer *w, uint8_t *buf, progress *pg, mx_err *e)
+{
+    if (c->fill == 0)
+        return MX_OK;
+    int fail = 0;
+    long n = (long)c->n;
+    /* Small chunks stay on one thread: waking a team costs more. */
+    int nth = c->fill >= (1u << 20) ? mx_threads() : 1;
+#pragma omp parallel num_threads(nth) reduction(| : fail)
+    {
+        float *tmp = NULL;
+        size_t tcap = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (long i = 0; i < n; i++) {
+            const work_item *it = &c->items[i];
+            const mx_synth_tensor *t = it->t;
+            size_t need = 2 * (size_t)(t->group_size ? t->cols / t->group_size : 1);
+            if (need > tcap) {
+                free(tmp);
+                tmp = malloc(need * sizeof *tmp);
+                tcap = tmp ? need : 0;
+            }
+            if (!tmp) {
+                fail = 1;
+                continue;
+            }
+            size_t rb = tensor_row_bytes(t);
+            for (int64_t r = it->r0; r < it->r1; r++)
+                gen_row(t, it->base, r, buf + it->off + (size_t)(r - it->r0) * rb, tmp);
+        }
+        free(tmp);
+    }
+    if (fail)
+        return mx_fail(e, MX_ENOMEM, "synth: out of memory generating weights");
+    int rc = mx_st_writer_write(w, buf, c->fill, e);
+    if (rc)
+        return rc;
+    pg->done += c->fill;
+    progress_show(pg, 0);
+    c->n = 0;
+    c->fill = 0;
+    return MX_OK;
+}
+
+/* Plans tensor t into chunks, flushing full ones. */
+static int write_tensor(chunker *c, mx_st_writer *w, const mx_synth_tensor *t, uint64_t seed,
+                        uint8_t *buf, progress *pg, mx_err *e)
 {
     uint64_t base = hash_name(seed, t->module);
     size_t rb = tensor_row_bytes(t);
     int64_t nrows = t->nmat * t->rows;
-    int64_t chunk = (int64_t)(CHUNK_BYTES / rb);
-    if (chunk < 1)
-        chunk = 1;
-    int64_t ng = t->cols / (t->group_size ? t->group_size : 1);
-    for (int64_t r0 = 0; r0 < nrows; r0 += chunk) {
-        int64_t r1 = r0 + chunk < nrows ? r0 + chunk : nrows;
-        int fail = 0;
-        /* Rows are independent pure functions: split them over threads. */
-#pragma omp parallel num_threads(r1 - r0 > 16 ? mx_threads() : 1) reduction(| : fail)
-        {
-            float *tmp = malloc(2 * (size_t)(ng > 0 ? ng : 1) * sizeof *tmp);
-            if (!tmp)
-                fail = 1;
-#pragma omp for schedule(static)
-            for (int64_t r = r0; r < r1; r++)
-                if (tmp)
-                    gen_row(t, base, r, buf + (size_t)(r - r0) * rb, tmp);
-            free(tmp);
+    int64_t per_item = (int64_t)(ITEM_BYTES / rb);
+    if (per_item < 1)
+        per_item = 1;
+    for (int64_t r0 = 0; r0 < nrows;) {
+        if (c->fill + rb > c->chunk_cap) {
+            int rc = chunk_flush(c, w, buf, pg, e);
+            if (rc)
+                return rc;
         }
-        if (fail)
-            return mx_fail(e, MX_ENOMEM, "synth: out of memory generating %s", t->name);
-        size_t nb = (size_t)(r1 - r0) * rb;
-        int rc = mx_st_writer_write(w, buf, nb, e);
-        if (rc)
-            return rc;
-        pg->done += nb;
-        progress_show(pg, 0);
+        int64_t room = (int64_t)((c->chunk_cap - c->fill) / rb);
+        int64_t r1 = r0 + (per_item < room ? per_item : room);
+        if (r1 > nrows)
+            r1 = nrows;
+        if (chunk_push(c, t, base, r0, r1, rb))
+            return mx_fail(e, MX_ENOMEM, "synth: out of memory");
+        r0 = r1;
     }
     return MX_OK;
 }
 
 static int write_shard(const mx_synth_plan *plan, int k, const char *dir, uint8_t *buf,
-                       progress *pg, mx_err *e)
+                       size_t buf_cap, progress *pg, mx_err *e)
 {
     size_t n = 0;
     for (size_t i = 0; i < plan->n; i++)
@@ -688,8 +761,12 @@ static int write_shard(const mx_synth_plan *plan, int k, const char *dir, uint8_
     snprintf(path, sizeof path, "%s/%s", dir, fname);
     mx_st_writer *w = NULL;
     int rc = mx_st_writer_open(path, decls, n, &w, e);
+    chunker c = {.chunk_cap = buf_cap};
     for (size_t i = 0; rc == MX_OK && i < n; i++)
-        rc = write_tensor(w, ts[i], plan->opts.seed, buf, pg, e);
+        rc = write_tensor(&c, w, ts[i], plan->opts.seed, buf, pg, e);
+    if (rc == MX_OK)
+        rc = chunk_flush(&c, w, buf, pg, e);
+    free(c.items);
     if (w) {
         mx_err e2;
         int rc2 = mx_st_writer_close(w, rc ? &e2 : e);
@@ -815,21 +892,20 @@ int mx_synth_write(const mx_synth_opts *o, const char *dir, mx_err *e)
         goto done;
     }
     progress pg = {.on = o->progress, .tty = isatty(2), .total = plan.total_bytes,
-                   .t0 = mx_now(), .last_pct = -100};
+                   .t0 = mx_now(), .last_pct = 0};
     if (pg.on)
-        fprintf(stderr, "synth: %s -> %s: %zu tensors, %.2f GB in %d file%s\n",
+        fprintf(stderr, "synth: %s -> %s: %zu tensors, %.3f GB in %d file%s\n",
                 plan.p->name, dir, plan.n, (double)plan.total_bytes / 1e9, plan.nshards,
                 plan.nshards == 1 ? "" : "s");
     if ((rc = mx_synth_write_config(&plan, dir, e)) || (rc = mx_synth_write_tokenizer(&plan, dir, e)))
         goto done;
     for (int k = 0; k < plan.nshards && rc == MX_OK; k++)
-        rc = write_shard(&plan, k, dir, buf, &pg, e);
+        rc = write_shard(&plan, k, dir, buf, cap, &pg, e);
     if (rc == MX_OK && plan.nshards > 1)
         rc = write_index(&plan, dir, e);
     if (rc == MX_OK && pg.on) {
         progress_show(&pg, 1);
-        double el = mx_now() - pg.t0;
-        fprintf(stderr, "synth: wrote %s in %.1f s\n", dir, el);
+        fprintf(stderr, "synth: wrote %s in %.1f s\n", dir, mx_now() - pg.t0);
     }
 done:
     free(buf);
