@@ -1,0 +1,655 @@
+/* api.c - the OpenAI-style JSON of the server: parsing and validating
+ * request bodies into srv_req, and building responses, stream chunks and
+ * errors.  Nothing here touches HTTP or threads; every bad input becomes a
+ * 4xx reply with a message naming the field. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/srv_int.h"
+
+static const char *error_type(int status)
+{
+    if (status == 401)
+        return "authentication_error";
+    if (status == 404)
+        return "not_found_error";
+    if (status >= 500)
+        return "server_error";
+    return "invalid_request_error";
+}
+
+void srv_error(srv_reply *rep, int status, const char *code, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", msg);
+    cJSON_AddStringToObject(err, "type", error_type(status));
+    if (code)
+        cJSON_AddStringToObject(err, "code", code);
+    else
+        cJSON_AddNullToObject(err, "code");
+    rep->status = status;
+    free(rep->body);
+    rep->body = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+}
+
+/* Prints root into rep with status 200 and frees it. */
+static void reply_json(srv_reply *rep, cJSON *root)
+{
+    free(rep->body);
+    rep->body = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (rep->body)
+        rep->status = 200;
+    else
+        srv_error(rep, 500, NULL, "out of memory");
+}
+
+/* The body as a JSON object, or NULL with a 400. */
+static cJSON *parse_object(const char *body, size_t len, srv_reply *rep)
+{
+    if (!body || !len) {
+        srv_error(rep, 400, "invalid_json", "the request body is empty (expected a JSON object)");
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        size_t off = end && end >= body ? (size_t)(end - body) : 0;
+        srv_error(rep, 400, "invalid_json", "the request body is not valid JSON (near byte %zu)", off);
+        return NULL;
+    }
+    /* only whitespace may follow the value */
+    for (const char *p = end; p && p < body + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            cJSON_Delete(root);
+            srv_error(rep, 400, "invalid_json", "the request body has data after the JSON value");
+            return NULL;
+        }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        srv_error(rep, 400, "invalid_json", "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+static const cJSON *field(const cJSON *o, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* An optional number in [lo, hi]; 0 when absent or valid (*out set). */
+static int get_number(const cJSON *o, const char *name, double lo, double hi, double *out,
+                      srv_reply *rep)
+{
+    const cJSON *v = field(o, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        srv_error(rep, 400, "invalid_type", "'%s' must be a number", name);
+        return -1;
+    }
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        srv_error(rep, 400, "invalid_value", "'%s' must be in [%g, %g] (got %g)", name, lo, hi,
+                  v->valuedouble);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_int(const cJSON *o, const char *name, double lo, double hi, long long *out,
+                   srv_reply *rep)
+{
+    const cJSON *v = field(o, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble)) {
+        srv_error(rep, 400, "invalid_type", "'%s' must be an integer", name);
+        return -1;
+    }
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        srv_error(rep, 400, "invalid_value", "'%s' must be in [%.0f, %.0f] (got %g)", name, lo, hi,
+                  v->valuedouble);
+        return -1;
+    }
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *name, int *out, srv_reply *rep)
+{
+    const cJSON *v = field(o, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v)) {
+        srv_error(rep, 400, "invalid_type", "'%s' must be true or false", name);
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int add_stop(srv_req *r, const cJSON *s, srv_reply *rep)
+{
+    if (!cJSON_IsString(s)) {
+        srv_error(rep, 400, "invalid_type", "'stop' must be a string or a list of strings");
+        return -1;
+    }
+    size_t n = strlen(s->valuestring);
+    if (n == 0 || n > SRV_MAX_STOP_LEN) {
+        srv_error(rep, 400, "invalid_value", "each 'stop' string must have 1 to %d bytes",
+                  SRV_MAX_STOP_LEN);
+        return -1;
+    }
+    if (r->gen.n_stops >= SRV_MAX_STOPS) {
+        srv_error(rep, 400, "invalid_value", "at most %d 'stop' strings", SRV_MAX_STOPS);
+        return -1;
+    }
+    if (!(r->stops[r->gen.n_stops] = strdup(s->valuestring))) {
+        srv_error(rep, 500, NULL, "out of memory");
+        return -1;
+    }
+    r->gen.n_stops++;
+    return 0;
+}
+
+static int parse_stops(srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    const cJSON *v = field(o, "stop");
+    if (!v)
+        return 0;
+    if (!cJSON_IsArray(v))
+        return add_stop(r, v, rep);
+    const cJSON *s;
+    cJSON_ArrayForEach(s, v) if (add_stop(r, s, rep)) return -1;
+    return 0;
+}
+
+/* Sampling, length and streaming fields shared by both endpoints. */
+static int parse_common(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    const mx_server_opts *so = c->o;
+    const cJSON *m = field(o, "model");
+    if (m && !cJSON_IsString(m)) {
+        srv_error(rep, 400, "invalid_type", "'model' must be a string");
+        return -1;
+    }
+    if (m && *m->valuestring && strcmp(m->valuestring, c->model_id) != 0) {
+        srv_error(rep, 404, "model_not_found", "the model '%.200s' does not exist (this server has '%s')",
+                  m->valuestring, c->model_id);
+        return -1;
+    }
+    mx_sample_params *sp = &r->gen.sample;
+    *sp = so->sample;
+    double d;
+    long long i;
+    long long max_tokens = so->n_predict;
+    if (get_int(o, "max_tokens", 1, so->n_ctx, &max_tokens, rep) ||
+        get_int(o, "max_completion_tokens", 1, so->n_ctx, &max_tokens, rep))
+        return -1;
+    r->gen.max_tokens = (int)max_tokens;
+    d = sp->temperature;
+    if (get_number(o, "temperature", 0, 100, &d, rep))
+        return -1;
+    sp->temperature = (float)d;
+    d = sp->top_p;
+    if (get_number(o, "top_p", 0, 1, &d, rep))
+        return -1;
+    sp->top_p = (float)d;
+    d = sp->min_p;
+    if (get_number(o, "min_p", 0, 1, &d, rep))
+        return -1;
+    sp->min_p = (float)d;
+    d = sp->repeat_penalty;
+    if (get_number(o, "repeat_penalty", 0.01, 100, &d, rep))
+        return -1;
+    sp->repeat_penalty = (float)d;
+    i = sp->top_k;
+    if (get_int(o, "top_k", 0, 1 << 30, &i, rep))
+        return -1;
+    sp->top_k = (int)i;
+    /* without a seed every request draws differently */
+    static uint64_t draws;
+    sp->seed = so->sample.seed ^ (__atomic_add_fetch(&draws, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull);
+    i = 0;
+    if (field(o, "seed")) {
+        if (get_int(o, "seed", -9007199254740992.0, 9007199254740992.0, &i, rep))
+            return -1;
+        sp->seed = (uint64_t)i;
+    }
+    i = 1;
+    if (get_int(o, "n", 1, 1, &i, rep))
+        return -1;
+    if (get_bool(o, "stream", &r->stream, rep) || get_bool(o, "ignore_eos", &r->gen.ignore_eos, rep))
+        return -1;
+    const cJSON *so_ = field(o, "stream_options");
+    if (so_) {
+        if (!cJSON_IsObject(so_)) {
+            srv_error(rep, 400, "invalid_type", "'stream_options' must be an object");
+            return -1;
+        }
+        if (get_bool(so_, "include_usage", &r->include_usage, rep))
+            return -1;
+    }
+    return parse_stops(r, o, rep);
+}
+
+/* Message content: a string, null, or a list of {"type": "text", "text"}
+ * parts (joined).  *owned is set when the result was allocated. */
+static const char *message_content(const cJSON *msg, size_t idx, char **owned, srv_reply *rep)
+{
+    *owned = NULL;
+    const cJSON *c = field(msg, "content");
+    if (!c)
+        return "";
+    if (cJSON_IsString(c))
+        return c->valuestring;
+    if (!cJSON_IsArray(c)) {
+        srv_error(rep, 400, "invalid_type", "messages[%zu].content must be a string or a list of parts",
+                  idx);
+        return NULL;
+    }
+    size_t total = 1;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c)
+    {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0 ||
+            !cJSON_IsString(x)) {
+            srv_error(rep, 400, "invalid_value",
+                      "messages[%zu].content: only {\"type\": \"text\", \"text\": ...} parts are supported",
+                      idx);
+            return NULL;
+        }
+        total += strlen(x->valuestring);
+    }
+    char *s = malloc(total);
+    if (!s) {
+        srv_error(rep, 500, NULL, "out of memory");
+        return NULL;
+    }
+    size_t n = 0;
+    cJSON_ArrayForEach(p, c)
+    {
+        const char *x = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        size_t k = strlen(x);
+        memcpy(s + n, x, k);
+        n += k;
+    }
+    s[n] = 0;
+    *owned = s;
+    return s;
+}
+
+static int encode_chat(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!msgs) {
+        srv_error(rep, 400, "missing_field", "'messages' is required");
+        return -1;
+    }
+    int n = cJSON_GetArraySize(msgs);
+    if (!cJSON_IsArray(msgs) || n == 0) {
+        srv_error(rep, 400, "invalid_type", "'messages' must be a non-empty list of messages");
+        return -1;
+    }
+    mx_chat_msg *m = calloc((size_t)n, sizeof *m);
+    char **owned = calloc((size_t)n, sizeof *owned);
+    int rc = -1;
+    if (!m || !owned) {
+        srv_error(rep, 500, NULL, "out of memory");
+        goto done;
+    }
+    size_t i = 0;
+    const cJSON *msg;
+    cJSON_ArrayForEach(msg, msgs)
+    {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        if (!cJSON_IsObject(msg) || !cJSON_IsString(role) || !*role->valuestring) {
+            srv_error(rep, 400, "invalid_value", "messages[%zu] must be an object with a string 'role'", i);
+            goto done;
+        }
+        m[i].role = role->valuestring;
+        if (!(m[i].content = message_content(msg, i, &owned[i], rep)))
+            goto done;
+        i++;
+    }
+    mx_err e = {0};
+    if (mx_engine_encode_chat(c->g, m, (size_t)n, &r->prompt, &r->n_prompt, NULL, &e)) {
+        srv_error(rep, 400, "invalid_prompt", "chat template: %s", e.msg);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (owned)
+        for (int k = 0; k < n; k++)
+            free(owned[k]);
+    free(owned);
+    free(m);
+    return rc;
+}
+
+/* A list of token ids into r->prompt. */
+static int prompt_ids(const srv_ctx *c, srv_req *r, const cJSON *a, srv_reply *rep)
+{
+    int n = cJSON_GetArraySize(a);
+    if (!(r->prompt = malloc(sizeof *r->prompt * (size_t)(n ? n : 1)))) {
+        srv_error(rep, 500, NULL, "out of memory");
+        return -1;
+    }
+    const int vocab = c->g->model->vocab;
+    const cJSON *v;
+    int i = 0;
+    cJSON_ArrayForEach(v, a)
+    {
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+            v->valuedouble >= vocab) {
+            srv_error(rep, 400, "invalid_value", "'prompt'[%d] must be a token id in [0, %d)", i, vocab);
+            return -1;
+        }
+        r->prompt[i++] = (int32_t)v->valuedouble;
+    }
+    r->n_prompt = i;
+    return 0;
+}
+
+static int encode_prompt(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    if (!p) {
+        srv_error(rep, 400, "missing_field", "'prompt' is required");
+        return -1;
+    }
+    /* a list of one prompt is that prompt; several would need n > 1 */
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child;
+    if (cJSON_IsArray(p)) {
+        if (cJSON_GetArraySize(p) && !cJSON_IsNumber(p->child)) {
+            srv_error(rep, 400, "invalid_value", "'prompt' must be a string, a list of one string, "
+                                                 "or a list of token ids (one prompt per request)");
+            return -1;
+        }
+        return prompt_ids(c, r, p, rep);
+    }
+    if (!cJSON_IsString(p)) {
+        srv_error(rep, 400, "invalid_type", "'prompt' must be a string or a list of token ids");
+        return -1;
+    }
+    mx_err e = {0};
+    if (mx_engine_encode(c->g, p->valuestring, &r->prompt, &r->n_prompt, &e)) {
+        srv_error(rep, 400, "invalid_prompt", "prompt: %s", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void make_id(srv_req *r, const char *prefix)
+{
+    static unsigned long counter;
+    unsigned long k = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    uint64_t x = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)k * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    snprintf(r->id, sizeof r->id, "%s%016llx%04lx", prefix, (unsigned long long)x, k & 0xffff);
+}
+
+srv_req *srv_parse_generation(const srv_ctx *c, int kind, const char *body, size_t len,
+                              srv_reply *rep)
+{
+    cJSON *o = parse_object(body, len, rep);
+    if (!o)
+        return NULL;
+    srv_req *r = srv_req_new();
+    if (!r) {
+        cJSON_Delete(o);
+        srv_error(rep, 500, NULL, "out of memory");
+        return NULL;
+    }
+    r->kind = kind;
+    int rc = parse_common(c, r, o, rep);
+    if (!rc)
+        rc = kind == SRV_CHAT ? encode_chat(c, r, o, rep) : encode_prompt(c, r, o, rep);
+    cJSON_Delete(o);
+    if (!rc && r->n_prompt == 0) {
+        srv_error(rep, 400, "invalid_prompt", "the prompt is empty (it encodes to no tokens)");
+        rc = -1;
+    }
+    if (!rc && r->n_prompt >= c->o->n_ctx) {
+        srv_error(rep, 400, "context_length_exceeded",
+                  "the prompt has %d tokens but the context holds %d (--ctx-size)", r->n_prompt,
+                  c->o->n_ctx);
+        rc = -1;
+    }
+    if (rc) {
+        srv_req_free(r);
+        return NULL;
+    }
+    make_id(r, kind == SRV_CHAT ? "chatcmpl-" : "cmpl-");
+    r->created = (long)time(NULL);
+    return r;
+}
+
+static cJSON *usage_json(const srv_req *r, int n_gen)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + n_gen);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", r->n_cached);
+    return u;
+}
+
+/* A cJSON string from bytes that are not NUL-terminated. */
+static cJSON *string_n(const char *s, size_t n)
+{
+    char *t = malloc(n + 1);
+    if (!t)
+        return NULL;
+    if (n)
+        memcpy(t, s, n);
+    t[n] = 0;
+    cJSON *v = cJSON_CreateString(t);
+    free(t);
+    return v;
+}
+
+static cJSON *envelope(const srv_ctx *c, const srv_req *r, const char *object)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddStringToObject(o, "model", c->model_id);
+    cJSON_AddStringToObject(o, "system_fingerprint", "mlxcel");
+    return o;
+}
+
+void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep)
+{
+    int chat = r->kind == SRV_CHAT;
+    cJSON *o = envelope(c, r, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *text = string_n(r->text ? r->text : "", r->len);
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddItemToObject(msg, "content", text);
+    } else {
+        cJSON_AddItemToObject(ch, "text", text);
+    }
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddStringToObject(ch, "finish_reason", r->finish);
+    cJSON_AddItemToObject(o, "usage", usage_json(r, r->n_gen));
+    reply_json(rep, o);
+}
+
+/* "data: JSON\n\n" from a tree (freed). */
+static char *sse(cJSON *o)
+{
+    char *j = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!j)
+        return NULL;
+    size_t n = strlen(j);
+    char *s = malloc(n + 9);
+    if (s) {
+        memcpy(s, "data: ", 6);
+        memcpy(s + 6, j, n);
+        memcpy(s + 6 + n, "\n\n", 3);
+    }
+    free(j);
+    return s;
+}
+
+char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, const char *text, size_t len,
+                    const char *finish, int role_chunk)
+{
+    int chat = r->kind == SRV_CHAT;
+    cJSON *o = envelope(c, r, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", 0);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        if (role_chunk)
+            cJSON_AddStringToObject(d, "role", "assistant");
+        if (role_chunk || text)
+            cJSON_AddItemToObject(d, "content", string_n(text ? text : "", text ? len : 0));
+    } else {
+        cJSON_AddItemToObject(ch, "text", string_n(text ? text : "", text ? len : 0));
+    }
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(ch, "finish_reason");
+    return sse(o);
+}
+
+char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen)
+{
+    cJSON *o = envelope(c, r, r->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", usage_json(r, n_gen));
+    return sse(o);
+}
+
+char *srv_error_sse(const char *msg)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(err, "message", msg);
+    cJSON_AddStringToObject(err, "type", "server_error");
+    cJSON_AddNullToObject(err, "code");
+    return sse(o);
+}
+
+void srv_models(const srv_ctx *c, srv_reply *rep)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", c->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "mlxcel");
+    cJSON_AddNumberToObject(m, "context_length", c->o->n_ctx);
+    reply_json(rep, o);
+}
+
+void srv_tokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep)
+{
+    cJSON *o = parse_object(body, len, rep);
+    if (!o)
+        return;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "content");
+    if (!t)
+        t = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    int parse_special = 1;
+    if (!cJSON_IsString(t)) {
+        srv_error(rep, 400, t ? "invalid_type" : "missing_field", "'content' must be a string");
+    } else if (!get_bool(o, "parse_special", &parse_special, rep)) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        mx_err e = {0};
+        if (!c->g->tok) {
+            srv_error(rep, 400, "no_tokenizer", "this checkpoint has no tokenizer.json");
+        } else if (mx_tok_encode(c->g->tok, t->valuestring, strlen(t->valuestring), parse_special,
+                                 &ids, &n, &e)) {
+            srv_error(rep, 400, "invalid_value", "content: %s", e.msg);
+        } else {
+            cJSON *r = cJSON_CreateObject();
+            cJSON *a = cJSON_AddArrayToObject(r, "tokens");
+            for (size_t i = 0; i < n; i++)
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            reply_json(rep, r);
+        }
+        free(ids);
+    }
+    cJSON_Delete(o);
+}
+
+void srv_detokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep)
+{
+    cJSON *o = parse_object(body, len, rep);
+    if (!o)
+        return;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+    int n = cJSON_GetArraySize(a);
+    int32_t *ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+    if (!cJSON_IsArray(a)) {
+        srv_error(rep, 400, a ? "invalid_type" : "missing_field", "'tokens' must be a list of token ids");
+    } else if (!c->g->tok) {
+        srv_error(rep, 400, "no_tokenizer", "this checkpoint has no tokenizer.json");
+    } else if (!ids) {
+        srv_error(rep, 500, NULL, "out of memory");
+    } else {
+        const cJSON *v;
+        int i = 0, bad = 0;
+        cJSON_ArrayForEach(v, a)
+        {
+            if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+                v->valuedouble >= 0x7fffffff) {
+                srv_error(rep, 400, "invalid_value", "'tokens'[%d] must be a token id", i);
+                bad = 1;
+                break;
+            }
+            ids[i++] = (int32_t)v->valuedouble;
+        }
+        char *text = NULL;
+        size_t tl = 0;
+        mx_err e = {0};
+        if (!bad && mx_tok_decode(c->g->tok, ids, (size_t)i, 0, &text, &tl, &e)) {
+            srv_error(rep, 400, "invalid_value", "tokens: %s", e.msg);
+        } else if (!bad) {
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddItemToObject(r, "content", string_n(text, tl));
+            reply_json(rep, r);
+        }
+        free(text);
+    }
+    free(ids);
+    cJSON_Delete(o);
+}

@@ -1,0 +1,139 @@
+/* srv_int.h - types shared by the server's files: a generation request
+ * (srv_req), the scheduler (sched.c), JSON request/response helpers (api.c)
+ * and the HTTP glue (http.c). */
+#ifndef MX_SRV_INT_H
+#define MX_SRV_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gen/gen.h"
+#include "server/server.h"
+
+#define SRV_MAX_STOPS 16
+#define SRV_MAX_STOP_LEN 512
+
+enum { SRV_CHAT, SRV_COMPLETION };
+
+/* One generation request.  The HTTP thread fills the input part and submits
+ * it; after that, every field below `mu-guarded` is read and written under
+ * the scheduler's mutex, and `cv` (with that mutex) signals new text or the
+ * end.  Freed when its last reference is dropped (srv_req_release). */
+typedef struct srv_req {
+    /* input: written before submit, read-only afterwards */
+    int kind;                    /* SRV_CHAT or SRV_COMPLETION */
+    int stream, include_usage;
+    int32_t *prompt;
+    int n_prompt;
+    mx_gen_opts gen;
+    char *stops[SRV_MAX_STOPS];
+    char id[48];                 /* "chatcmpl-..." / "cmpl-..." */
+    long created;
+    double t_submit;
+    /* mu-guarded */
+    int refs;
+    int cancelled;               /* the client went away: stop generating */
+    int done;                    /* finished: finish or err is set */
+    char *text;                  /* generated text so far */
+    size_t len, cap;
+    int n_gen, n_cached;
+    const char *finish;          /* "stop", "length", "cancelled" */
+    int err_status;              /* nonzero: the request failed with this HTTP status */
+    char err[256];
+    pthread_cond_t cv;
+    struct srv_req *next;        /* waiting queue link */
+} srv_req;
+
+srv_req *srv_req_new(void);
+/* Frees a request nobody else holds (before it was submitted). */
+void srv_req_free(srv_req *r);
+
+/* ---- scheduler (sched.c) ---- */
+
+typedef struct srv_slot {
+    struct srv_sched *owner;
+    mx_session *sess;            /* kept across requests: its cache is reused */
+    srv_req *req;                /* NULL when free */
+    mx_gen_req *gr;
+    int state;                   /* SLOT_FREE, SLOT_PREFILL, SLOT_DECODE */
+    int pf_pos;                  /* prompt tokens already in the cache */
+    int32_t next;                /* token to feed (SLOT_DECODE) */
+    double t_admit;
+} srv_slot;
+
+enum { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE };
+
+typedef struct srv_sched {
+    mx_engine *g;
+    int n_ctx, prefill_chunk;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;         /* new work or stop */
+    srv_req *qhead, *qtail;      /* FIFO of requests waiting for a slot */
+    int n_queued, max_queue;
+    srv_slot *slots;
+    int n_slots, n_busy;         /* n_busy under mu */
+    int stopping;
+    int started;
+    pthread_t th;
+    /* batch buffers, scheduler thread only */
+    float *logits;               /* [n_slots, vocab] */
+    mx_seq **seqs;
+    int32_t *toks;
+    int *rows;
+} srv_sched;
+
+int srv_sched_init(srv_sched *sc, mx_engine *g, int n_slots, int n_ctx, int max_queue,
+                   int prefill_chunk, mx_err *e);
+/* Queues r (taking a reference for the scheduler).  Returns 0, or -1 when
+ * the queue is full or the server is stopping (the caller answers 503). */
+int srv_sched_submit(srv_sched *sc, srv_req *r);
+/* Drops a reference; the last one frees r. */
+void srv_req_release(srv_sched *sc, srv_req *r);
+/* Marks r cancelled (the client went away). */
+void srv_req_cancel(srv_sched *sc, srv_req *r);
+/* Ends every queued and running request and joins the thread (requests
+ * submitted afterwards are refused). */
+void srv_sched_stop(srv_sched *sc);
+/* Stops if needed, then frees the slots; no thread may use sc afterwards. */
+void srv_sched_free(srv_sched *sc);
+/* Snapshot for /health. */
+void srv_sched_counts(srv_sched *sc, int *busy, int *queued);
+
+/* ---- JSON requests and responses (api.c) ---- */
+
+typedef struct srv_ctx {
+    mx_engine *g;
+    const mx_server_opts *o;
+    const char *model_id;
+} srv_ctx;
+
+/* An HTTP answer built by api.c: status and a malloc'ed JSON body. */
+typedef struct srv_reply {
+    int status;
+    char *body;
+} srv_reply;
+
+/* Fills rep with an OpenAI-style error {"error": {message, type, code}}. */
+void srv_error(srv_reply *rep, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Parses and validates a completion request body into a new srv_req.
+ * Returns it, or NULL with rep set to a 4xx/5xx error. */
+srv_req *srv_parse_generation(const srv_ctx *c, int kind, const char *body, size_t len,
+                              srv_reply *rep);
+/* The non-streamed response of a finished request. */
+void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep);
+/* One SSE event "data: {...}\n\n" (malloc'ed): text (may be NULL) as the
+ * delta, and finish (or NULL); role_chunk for the first chat chunk. */
+char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, const char *text, size_t len,
+                    const char *finish, int role_chunk);
+/* The usage-only chunk (stream_options.include_usage). */
+char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen);
+char *srv_error_sse(const char *msg);
+
+void srv_models(const srv_ctx *c, srv_reply *rep);
+void srv_tokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
+void srv_detokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
+
+#endif
