@@ -41,13 +41,24 @@ static void linear(const mx_linear *l, const float *x, int64_t T, float *y)
         mx_linear_matmul(l, x, T, y);
 }
 
-/* Rotate-half RoPE on one head vector at position pos. */
-static void rope(float *v, int hd, int pos, const float *inv_freq)
+/* cos and sin of position pos times each inverse frequency, in float as
+ * transformers computes them; computed once per token per forward call and
+ * shared by every layer and head. */
+static void rope_table(float *cs, int hd, int pos, const float *inv_freq)
+{
+    for (int i = 0; i < hd / 2; i++) {
+        float f = (float)pos * inv_freq[i];
+        cs[2 * i] = cosf(f);
+        cs[2 * i + 1] = sinf(f);
+    }
+}
+
+/* Rotate-half RoPE on one head vector with a rope_table. */
+static void rope(float *v, int hd, const float *cs)
 {
     const int half = hd / 2;
     for (int i = 0; i < half; i++) {
-        float f = (float)pos * inv_freq[i];
-        float c = cosf(f), s = sinf(f);
+        float c = cs[2 * i], s = cs[2 * i + 1];
         float a = v[i], b = v[i + half];
         v[i] = a * c - b * s;
         v[i + half] = b * c + a * s;
@@ -69,6 +80,7 @@ typedef struct token_slots {
     mx_seq *const *seq;
     const int *pos;
     int max_ctx;
+    float *rope;            /* [T][head_dim] cos/sin pairs for each token */
 } token_slots;
 
 /* out[T, d] = o_proj(softmax(q k^T / sqrt(hd)) v) for the T tokens, after
@@ -101,12 +113,12 @@ static void attention_block(mx_model *m, int l, const token_slots *ts, const flo
         for (int h = 0; h < nh; h++) {
             if (m->fam->qk_norm == MX_QK_NORM_HEAD)
                 rmsnorm(qt + h * hd, qt + h * hd, a->q_norm, hd, m->eps);
-            rope(qt + h * hd, hd, pos, m->rope_inv_freq);
+            rope(qt + h * hd, hd, ts->rope + t * hd);
         }
         for (int h = 0; h < nkv; h++) {
             if (m->fam->qk_norm == MX_QK_NORM_HEAD)
                 rmsnorm(kt + h * hd, kt + h * hd, a->k_norm, hd, m->eps);
-            rope(kt + h * hd, hd, pos, m->rope_inv_freq);
+            rope(kt + h * hd, hd, ts->rope + t * hd);
             memcpy(kv_at(s, s->k, l, h, pos), kt + h * hd, sizeof(float) * (size_t)hd);
             memcpy(kv_at(s, s->v, l, h, pos), vt + h * hd, sizeof(float) * (size_t)hd);
         }
@@ -254,7 +266,7 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
     const int64_t d = m->d, E = m->n_experts > 0 ? m->n_experts : 1, ff = max_ff(m);
     const int nth = mx_threads();
     const size_t route_floats = (sizeof(mx_route) + sizeof(float) - 1) / sizeof(float);
-    size_t need = (size_t)(T * (4 * d + 2 * m->q_dim + 2 * m->kv_dim + E + 2 * ff + 1)) +
+    size_t need = (size_t)(T * (4 * d + 2 * m->q_dim + 2 * m->kv_dim + E + 2 * ff + 1 + m->head_dim)) +
                   (size_t)nth * (size_t)ts->max_ctx + (size_t)T * route_floats + (size_t)d;
     float *p = grow_scratch(m, need);
     if (!p)
@@ -274,10 +286,16 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
     fs.shared_out = p; p += T * d;
     fs.shared_gate = p; p += T;
     fs.routes = (mx_route *)p; p += T * route_floats;
-    float *last = p;
+    float *last = p; p += d;
+    float *rope_cs = p;
 
-    for (int64_t t = 0; t < T; t++)
+    for (int64_t t = 0; t < T; t++) {
         embed_row(m, tokens[t], x + t * d);
+        rope_table(rope_cs + t * m->head_dim, m->head_dim, ts->pos[t], m->rope_inv_freq);
+    }
+    token_slots slots = *ts;
+    slots.rope = rope_cs;
+    ts = &slots;
     if (trace && trace->hidden)
         memcpy(trace->hidden, x, sizeof(float) * (size_t)(T * d));
 
@@ -351,7 +369,7 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
         seqs[t] = s;
         pos[t] = s->pos + t;
     }
-    token_slots ts = {seqs, pos, s->n_ctx};
+    token_slots ts = {seqs, pos, s->n_ctx, NULL};
     rc = forward_tokens(m, &ts, tokens, n, logits, trace ? trace->all_logits : NULL, trace, e);
     if (!rc)
         s->pos += n;
@@ -386,7 +404,7 @@ int mx_forward_batch(mx_model *m, mx_seq *const *seqs, const int32_t *tokens, in
         return mx_fail(e, MX_ENOMEM, "forward: out of memory");
     for (int i = 0; i < n; i++)
         pos[i] = seqs[i]->pos;
-    token_slots ts = {seqs, pos, max_ctx};
+    token_slots ts = {seqs, pos, max_ctx, NULL};
     rc = forward_tokens(m, &ts, tokens, n, NULL, logits, NULL, e);
     if (!rc)
         for (int i = 0; i < n; i++)
