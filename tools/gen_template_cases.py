@@ -648,6 +648,16 @@ UNITS = [
     ("set_shadow_messages", "{% set messages = messages[1:] %}{{ messages|length }}", {"messages": [SYS, U1]}),
     ("set_block", "{% set x %}inner {{ 1 + 1 }}\n{% endset %}[{{ x }}]", {}),
     ("set_block_filter", "{% set x | upper %}shout{% endset %}{{ x }}", {}),
+    ("scope_later_root_set_hides_context", "{% for i in [1, 2] %}[{{ v }}]{% endfor %}{% set v = 'a' %}{{ v }}", {"v": "V"}),
+    ("scope_root_load_before_store", "{{ v }}{% set v = 'a' %}{{ v }}", {"v": "V"}),
+    ("scope_loop_load_before_store", "{% for i in [1, 2] %}[{{ v }}]{% set v = 'a' %}{% endfor %}", {"v": "V"}),
+    ("scope_loop_conditional_store", "{% for i in [1, 2] %}[{{ v }}]{% if i == 1 %}{% set v = 'a' %}{% endif %}{% endfor %}", {"v": "V"}),
+    ("scope_conditional_store_resolves", "{% for i in [1] %}[{{ x }}]{% endfor %}{% if false %}{% set x = 1 %}{% else %}{% set x = 2 %}{% endif %}{{ x }}", {"x": "C"}),
+    ("scope_nested_loop_before_store", "{% for i in [1, 2] %}{% for j in [1] %}[{{ x }}]{% endfor %}{% set x = i %}{% endfor %}", {"x": "C"}),
+    ("scope_macro_sees_later_root_set", "{% macro m() %}[{{ x }}]{% endmacro %}{{ m() }}{% set x = 1 %}{{ m() }}", {"x": "C"}),
+    ("scope_block_frames", "{% set x %}{% set y = 1 %}{% endset %}[{{ y }}]{% filter upper %}{% set y = 'a' %}{% endfilter %}[{{ y }}]{% generation %}{% set y = 'g' %}{% endgeneration %}[{{ y }}]", {"y": "Y"}),
+    ("scope_if_store_visible_in_loop", "{% if true %}{% set x = 1 %}{% endif %}{% for i in [1] %}{% if i %}{% set x = 5 %}{% endif %}{% for j in [1] %}[{{ x }}]{% endfor %}{% endfor %}{{ x }}", {"x": "C"}),
+    ("scope_loop_else_frame", "{% for i in [] %}{% else %}{% set z = 1 %}{{ z }}{% endfor %}[{{ z }}]", {}),
     ("namespace_basic", "{% set ns = namespace(a=1, b='x') %}{% for i in [1, 2, 3] %}{% set ns.a = ns.a + i %}{% endfor %}{{ ns.a }} {{ ns.b }} {{ ns.zz is defined }}", {}),
     ("namespace_found_flag", "{% set ns = namespace(found=false) %}{% for m in messages %}{% if m.role == 'system' %}{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.found }}", {"messages": [U1, SYS]}),
     ("namespace_repr", "{{ namespace(a=1) }}", {}),
@@ -695,6 +705,55 @@ def unit_cases():
     return [render("unit/" + name, tmpl, ctx) for name, tmpl, ctx in UNITS]
 
 
+# ---------------------------------------------------------------- random whitespace cases
+# Random mixes of text, whitespace and tags with every strip/keep sign, to pin
+# down trim_blocks / lstrip_blocks / '-' / '+' interplay byte for byte.
+
+def random_cases(n=400, seed=20240611):
+    import random
+    rnd = random.Random(seed)
+    texts = ["", " ", "  ", "\t", "\n", " \n", "\n  ", "x", "ab c", "\n\n", " \t\n ", "y\n", "\n\tz "]
+    signs = ["", "", "-", "+"]
+
+    def text():
+        return "".join(rnd.choice(texts) for _ in range(rnd.randint(0, 3)))
+
+    def tag(body):
+        return "{%" + rnd.choice(signs) + " " + body + " " + rnd.choice(signs) + "%}"
+
+    def seq(depth):
+        out = []
+        for _ in range(rnd.randint(1, 5)):
+            out.append(text())
+            k = rnd.randint(0, 9 if depth < 3 else 4)
+            if k <= 1:
+                out.append("{{" + rnd.choice(["", "-"]) + " " + rnd.choice(["v", "'s'", "loop.index if loop is defined else 0", "1 + 2"]) + " " + rnd.choice(["", "-"]) + "}}")
+            elif k == 2:
+                out.append("{#" + rnd.choice(signs) + " c\n " + rnd.choice(signs) + "#}")
+            elif k == 3:
+                out.append(tag("set v = '" + rnd.choice(["a", "b"]) + "'"))
+            elif k == 4:
+                out.append(rnd.choice(["{% raw %}", "{%- raw %}", "{% raw -%}"]) + text() + "{{ raw }}" + text() + rnd.choice(["{% endraw %}", "{%- endraw %}", "{% endraw -%}", "{%+ endraw %}"]))
+            elif k <= 7:
+                out.append(tag("if " + rnd.choice(["true", "false", "v", "none"])))
+                out.append(seq(depth + 1))
+                if rnd.random() < 0.5:
+                    out.append(tag("else"))
+                    out.append(seq(depth + 1))
+                out.append(tag("endif"))
+            else:
+                out.append(tag("for i in " + rnd.choice(["[1, 2]", "[]", "'ab'"])))
+                out.append(seq(depth + 1))
+                out.append(tag("endfor"))
+        out.append(text())
+        return "".join(out)
+
+    cases = []
+    for i in range(n):
+        cases.append(render(f"random/{i}", seq(0), {"v": "V"}))
+    return cases
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     fixture = os.path.join(HERE, "..", "..", "shared", "fixtures", "qwen2_moe_tiny_chat",
@@ -704,7 +763,8 @@ def main():
             ct = json.load(f).get("chat_template")
         if ct != QWEN15_CHAT:
             sys.exit("the Qwen1.5 template differs from the fixture's tokenizer_config.json")
-    for fname, cases in (("real_templates.json", real_cases()), ("units.json", unit_cases())):
+    for fname, cases in (("real_templates.json", real_cases()), ("units.json", unit_cases()),
+                         ("random_whitespace.json", random_cases())):
         names = [c["name"] for c in cases]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

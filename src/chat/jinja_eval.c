@@ -25,6 +25,21 @@ static void scope_set(jrender *r, jscope *s, const char *name, jv v)
     jdict_set(r->st, &s->vars, jv_strn(name, strlen(name)), v);
 }
 
+/* A new frame: names it assigns unconditionally start undefined (jinja_scope.c). */
+static jscope *frame_new(jrender *r, jscope *parent, const char **undef, size_t n)
+{
+    jscope *s = scope_new(r, parent);
+    for (size_t i = 0; i < n; i++)
+        scope_set(r, s, undef[i], jv_undef(undef[i]));
+    return s;
+}
+
+void jj_enter_root(jrender *r, jscope *top, const jnode *root)
+{
+    for (size_t i = 0; i < root->nundef; i++)
+        scope_set(r, top, root->undef[i], jv_undef(root->undef[i]));
+}
+
 static jv lookup(jrender *r, jscope *s, const char *name)
 {
     jv v;
@@ -439,7 +454,7 @@ static jv call_macro(jrender *r, jfunc *f, jv *args, size_t nargs, const char **
     const jnode *m = f->macro;
     if (++r->depth > JJ_MAX_DEPTH)
         jfail(r->st, line, "maximum recursion depth exceeded");
-    jscope *sc = scope_new(r, f->closure);
+    jscope *sc = frame_new(r, f->closure, m->undef, m->nundef);
     size_t np = m->nnames;
     uint8_t *bound = np ? ja_alloc(r->st, np) : NULL;
     jv extra = jv_list_new(r->st, nargs > np ? nargs - np : 0, 1);
@@ -702,7 +717,7 @@ static void exec_for(jrender *r, jscope *sc, const jnode *n, jbuf *out)
     size_t len = items.u.l->n;
     for (size_t i = 0; i < len; i++) {
         step(r, n->line);
-        jscope *it = scope_new(r, sc);
+        jscope *it = frame_new(r, sc, n->undef, n->nundef);
         bind_targets(r, it, n, items.u.l->v[i]);
         scope_set(r, it, "loop", loop_object(r, i, len, items));
         jj_exec(r, it, n->b, out);
@@ -713,7 +728,7 @@ static void exec_for(jrender *r, jscope *sc, const jnode *n, jbuf *out)
         r->loop_ctl = 0;
     }
     if (len == 0 && n->c)
-        jj_exec(r, sc, n->c, out);
+        jj_exec(r, frame_new(r, sc, n->undef2, n->nundef2), n->c, out);
 }
 
 static jv apply_filter_chain(jrender *r, jscope *sc, const jnode *f, jv v)
@@ -753,7 +768,7 @@ static void exec_stmt(jrender *r, jscope *sc, const jnode *n, jbuf *out)
     }
     case N_SETBLOCK: {
         jbuf b = {0};
-        jj_exec(r, sc, n->b, &b);
+        jj_exec(r, frame_new(r, sc, n->undef, n->nundef), n->b, &b);
         jv v = jv_strn(b.p ? b.p : "", b.n);
         scope_set(r, sc, n->names[0], apply_filter_chain(r, sc, n->c, v));
         return;
@@ -794,15 +809,15 @@ static void exec_stmt(jrender *r, jscope *sc, const jnode *n, jbuf *out)
     case N_CONTINUE: r->loop_ctl = 2; return;
     case N_FILTERBLOCK: {
         jbuf b = {0};
-        jj_exec(r, sc, n->b, &b);
+        jj_exec(r, frame_new(r, sc, n->undef, n->nundef), n->b, &b);
         jv v = apply_filter_chain(r, sc, n->c, jv_strn(b.p ? b.p : "", b.n));
         jv_to_str(r->st, out, v);
         return;
     }
     case N_BODY: {
         jscope *inner = sc;
-        if (n->op) {   /* {% with %} */
-            inner = scope_new(r, sc);
+        if (n->op) {   /* {% with %} (1) and {% generation %} (2) are frames */
+            inner = frame_new(r, sc, n->undef, n->nundef);
             for (size_t i = 0; i < n->nnames; i++)
                 scope_set(r, inner, n->names[i], jj_eval(r, sc, n->items2[i]));
         }

@@ -171,10 +171,19 @@ typedef struct jnode {
     const char **names;       /* kwarg names, for/macro targets, compare ops */
     size_t nnames;
     jv lit;
+    /* Frames (root, loop body, macro, ...): names assigned in the frame that
+     * start out undefined, hiding outer values (jinja2's static scoping,
+     * see jj_analyze).  undef2: the for-else frame. */
+    const char **undef;
+    size_t nundef;
+    const char **undef2;
+    size_t nundef2;
 } jnode;
 
-/* Parses the template into a body node (N_BODY). */
+/* Parses the template into a body node (N_BODY), scope analysis included. */
 jnode *jj_parse(jstate *st, const char *src, size_t len);
+/* Marks, per frame, which assigned names start undefined (jinja_scope.c). */
+void jj_analyze(jstate *st, jnode *root);
 
 /* ---- evaluation ---- */
 typedef struct jscope {
@@ -193,6 +202,7 @@ typedef struct jrender {
 
 jv jj_eval(jrender *r, jscope *sc, const jnode *n);
 void jj_exec(jrender *r, jscope *sc, const jnode *body, jbuf *out);
+void jj_enter_root(jrender *r, jscope *top, const jnode *root);
 jv jj_call(jrender *r, jv fn, jv *args, size_t nargs, const char **kwn, jv *kwv,
            size_t nkw, int line);
 jv jj_getattr(jrender *r, jv obj, const char *name, size_t nlen, int line);

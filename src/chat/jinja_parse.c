@@ -1315,6 +1315,7 @@ static jnode *parse_statement(parser *P)
         const char *which;
         jnode *b = parse_body(P, ends, &which);
         end_tag(P);
+        b->op = 2;   /* its own frame, like a call block */
         return b;
     }
     jfail(P->st, t->line, "encountered unknown tag '%.*s'", (int)t->n, t->p);
@@ -1398,5 +1399,7 @@ jnode *jj_parse(jstate *st, const char *src, size_t len)
     lex(&L);
     push(&L, T_EOF, L.line, s + n, 0, jv_none());
     parser P = {.st = st, .t = L.toks, .n = L.ntok};
-    return parse_body(&P, NULL, NULL);
+    jnode *root = parse_body(&P, NULL, NULL);
+    jj_analyze(st, root);
+    return root;
 }

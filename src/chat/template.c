@@ -48,6 +48,7 @@ static int jinja_run(const char *tmpl, const cJSON *ctx, int render, char **out,
             r.globals = g.u.d;
         }
         jscope *top = ja_alloc(st, sizeof *top);
+        jj_enter_root(&r, top, root);
         jj_exec(&r, top, root, &r.out);
         char *s = malloc(r.out.n + 1);
         if (!s) {
