@@ -252,6 +252,16 @@ static void test_qwen_cases(const char *fixtures)
     free(s);
     mx_tok_stream_free(st);
 
+    /* random ids (many not UTF-8 on their own): the stream still matches */
+    unsigned long long seed = 42;
+    for (int round = 0; round < 200; round++) {
+        int32_t rid[24];
+        size_t rn = 1 + test_rand_u64(&seed) % 24;
+        for (size_t i = 0; i < rn; i++)
+            rid[i] = (int32_t)(test_rand_u64(&seed) % 151646);
+        check_stream(t, rid, rn, round & 1, "random ids");
+    }
+
     /* a large input goes through (regex over a long text, cache reuse) */
     size_t big = 1 << 20;
     char *text = malloc(big + 1);
@@ -497,6 +507,49 @@ static void test_bytelevel(void)
         check_stream(t, ids, n, 0, "byte-level text");
         free(ids);
     }
+    /* random valid UTF-8 (all planes, controls, NUL) round-trips exactly */
+    unsigned long long seed = 7;
+    int all_ok = 1;
+    for (int round = 0; round < 300 && all_ok; round++) {
+        char text[256];
+        size_t len = 0, want = test_rand_u64(&seed) % 200;
+        while (len + 4 < want) {
+            unsigned long long r = test_rand_u64(&seed);
+            uint32_t cp = r % 4 == 0 ? (uint32_t)(r >> 8) % 0x80
+                        : r % 4 == 1 ? (uint32_t)(r >> 8) % 0x800
+                        : r % 4 == 2 ? (uint32_t)(r >> 8) % 0x10000 : 0x10000 + (uint32_t)(r >> 8) % 0x100000;
+            if (cp >= 0xD800 && cp <= 0xDFFF)
+                continue;
+            if (cp < 0x80) {
+                text[len++] = (char)cp;
+            } else if (cp < 0x800) {
+                text[len++] = (char)(0xC0 | (cp >> 6));
+                text[len++] = (char)(0x80 | (cp & 0x3F));
+            } else if (cp < 0x10000) {
+                text[len++] = (char)(0xE0 | (cp >> 12));
+                text[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                text[len++] = (char)(0x80 | (cp & 0x3F));
+            } else {
+                text[len++] = (char)(0xF0 | (cp >> 18));
+                text[len++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+                text[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                text[len++] = (char)(0x80 | (cp & 0x3F));
+            }
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char *s = NULL;
+        size_t sl = 0;
+        mx_err e = {0};
+        all_ok = mx_tok_encode(t, text, len, 1, &ids, &n, &e) == 0 && n == len &&
+                 mx_tok_decode(t, ids, n, 0, &s, &sl, &e) == 0 && sl == len &&
+                 memcmp(s, text, len) == 0;
+        if (all_ok && round % 10 == 0)
+            check_stream(t, ids, n, 0, "random UTF-8");
+        free(ids);
+        free(s);
+    }
+    CHECK(all_ok);
     /* byte by byte, a 4-byte emoji appears only when complete */
     mx_tok_stream *st = mx_tok_stream_new(t, 0);
     const unsigned char em[] = {0xF0, 0x9F, 0x98, 0x80};

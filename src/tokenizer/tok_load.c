@@ -18,13 +18,13 @@ static int get_bool(const cJSON *j, const char *key, int def)
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
 }
 
-static int opt_string(const cJSON *j, const char *key, char **out, size_t *len, const char *file)
+/* A string field that may be null or absent (then ""). */
+static int opt_string(const cJSON *j, const char *key, char **out, size_t *len)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
     const char *s = cJSON_IsString(v) ? v->valuestring : "";
     *out = strdup(s);
     *len = strlen(s);
-    (void)file;
     return *out ? 0 : -1;
 }
 
@@ -280,8 +280,8 @@ static int load_model(mx_tokenizer *t, const cJSON *root, const raw_parts *rp, c
     t->byte_fallback = get_bool(model, "byte_fallback", 0);
     t->fuse_unk = get_bool(model, "fuse_unk", 0);
     t->ignore_merges = get_bool(model, "ignore_merges", 0);
-    if (opt_string(model, "continuing_subword_prefix", &t->cont_prefix, &t->cont_prefix_len, file) ||
-        opt_string(model, "end_of_word_suffix", &t->eow_suffix, &t->eow_suffix_len, file))
+    if (opt_string(model, "continuing_subword_prefix", &t->cont_prefix, &t->cont_prefix_len) ||
+        opt_string(model, "end_of_word_suffix", &t->eow_suffix, &t->eow_suffix_len))
         return mx_fail(e, MX_ENOMEM, "%s: out of memory", file);
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     t->unk_id = cJSON_IsString(unk) ? tok_strmap_get(&t->vocab, unk->valuestring,
