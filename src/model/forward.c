@@ -141,6 +141,7 @@ static void attention_block(mx_model *m, int l, const token_slots *ts, const flo
         for (int j = start; j <= pos; j++) {
             const float *kj = K + (size_t)j * hd;
             float d = 0.0f;
+#pragma omp simd reduction(+ : d)
             for (int i = 0; i < hd; i++)
                 d += qh[i] * kj[i];
             sc[j] = d * scale;
@@ -157,6 +158,7 @@ static void attention_block(mx_model *m, int l, const token_slots *ts, const flo
         for (int j = start; j <= pos; j++) {
             const float p = sc[j] / sum;
             const float *vj = V + (size_t)j * hd;
+#pragma omp simd
             for (int i = 0; i < hd; i++)
                 o[i] += p * vj[i];
         }
