@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# test_server.sh - acceptance tests for `mlxcel serve` against the chat
+# fixture (real Qwen tokenizer + ChatML template, random weights: the text is
+# gibberish but deterministic under greedy decoding).
+#
+#  - greedy chat completion == `mlxcel generate --chat MSG --temp 0 -n N`
+#  - streamed deltas concatenated == the non-streamed text; [DONE] at the end
+#  - usage: prompt_tokens == tokens of the rendered prompt, completion_tokens
+#  - a stop string from the middle of the output cuts exactly (both modes)
+#  - 8 concurrent streaming clients (more than --parallel: some queue) all
+#    get complete greedy-equal answers (continuous batching)
+#  - OpenAI-style 4xx errors, --api-key, graceful SIGTERM
+#
+# Needs MLXCEL_BIN, MLXCEL_FIXTURES (skips with 77 without), curl and jq.
+set -u
+export LC_ALL=C.UTF-8
+[ -n "${MLXCEL_FIXTURES:-}" ] || { echo "SKIP: MLXCEL_FIXTURES is not set"; exit 77; }
+BIN=${MLXCEL_BIN:?MLXCEL_BIN must point at the mlxcel binary}
+F=$MLXCEL_FIXTURES/qwen2_moe_tiny_chat
+[ -d "$F" ] || { echo "FAIL: $F is missing"; exit 1; }
+for t in curl jq; do
+  command -v $t >/dev/null || { echo "SKIP: $t is not installed"; exit 77; }
+done
+
+T=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$T"
+}
+trap cleanup EXIT
+
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+
+# Starts a server on a free loopback port (--port 0; the port is read from
+# its first log line), waits for /health; sets PORT and SPID.
+start_server() {
+  local log=$1; shift
+  "$BIN" serve -m "$F" --port 0 "$@" 2>"$log" &
+  SPID=$!
+  PIDS+=("$SPID")
+  PORT=
+  for _ in $(seq 1 300); do
+    PORT=$(sed -n 's/^serve: listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -1)
+    [ -n "$PORT" ] && curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
+    kill -0 "$SPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "FAIL: the server did not come up:" >&2
+  cat "$log" >&2
+  exit 1
+}
+
+start_server "$T/server.log" --ctx-size 1024 --parallel 4 --queue 16
+URL=http://127.0.0.1:$PORT
+echo "server on port $PORT"
+
+# POSTs JSON ($2) to $1; body to $T/body, prints the status.
+post() { curl -s -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "$URL$1"; }
+
+chat_req() {  # message, max_tokens, extra fields
+  jq -cn --arg m "$1" --argjson n "$2" "{messages: [{role: \"user\", content: \$m}], temperature: 0, max_tokens: \$n} + ${3:-{\}}"
+}
+
+# Concatenated deltas of an SSE stream in file $1 (chat or completions).
+stream_text() {
+  sed -n 's/^data: //p' "$1" | grep -v '^\[DONE\]$' |
+    jq -j 'select(.choices | length > 0) | .choices[0] | (.delta.content // .text // empty)'
+}
+
+N=24
+MSG="What is the capital of France?"
+"$BIN" generate -m "$F" --chat "$MSG" --temp 0 -n $N --stats >"$T/expect" 2>"$T/gen.err"
+NPROMPT=$(sed -n 's/^prompt tokens: \([0-9]*\).*/\1/p' "$T/gen.err")
+echo "generate: $(wc -c <"$T/expect") bytes, prompt $NPROMPT tokens"
+
+# --- greedy chat completion == generate ---
+st=$(post /v1/chat/completions "$(chat_req "$MSG" $N)")
+check "chat status $st" [ "$st" = 200 ]
+jq -j '.choices[0].message.content' "$T/body" >"$T/got"
+check "greedy chat text equals generate's" cmp -s "$T/expect" "$T/got"
+check "usage.prompt_tokens == $NPROMPT" [ "$(jq .usage.prompt_tokens "$T/body")" = "$NPROMPT" ]
+finish=$(jq -r '.choices[0].finish_reason' "$T/body")
+ngen=$(jq .usage.completion_tokens "$T/body")
+check "finish_reason length with $N tokens (got $finish, $ngen)" [ "$finish" = length ] && [ "$ngen" = $N ]
+check "total_tokens" [ "$(jq .usage.total_tokens "$T/body")" = $((NPROMPT + ngen)) ]
+check "object and id" [ "$(jq -r '.object + " " + (.id | startswith("chatcmpl-") | tostring)' "$T/body")" = "chat.completion true" ]
+
+# --- streamed == non-streamed ---
+curl -sN -H 'Content-Type: application/json' \
+  -d "$(chat_req "$MSG" $N '{stream: true, stream_options: {include_usage: true}}')" \
+  "$URL/v1/chat/completions" >"$T/stream"
+stream_text "$T/stream" >"$T/got_stream"
+check "streamed text equals non-streamed" cmp -s "$T/got" "$T/got_stream"
+check "stream ends with [DONE]" [ "$(grep -v '^$' "$T/stream" | tail -1)" = "data: [DONE]" ]
+check "stream usage chunk" [ "$(sed -n 's/^data: {/{/p' "$T/stream" | jq -s '[.[] | select(.usage)][0].usage | "\(.prompt_tokens) \(.completion_tokens)"' -r)" = "$NPROMPT $N" ]
+check "stream finish_reason" [ "$(sed -n 's/^data: {/{/p' "$T/stream" | jq -rs '[.[] | .choices[]? | .finish_reason | select(.)] | join(",")')" = length ]
+check "stream role chunk" [ "$(sed -n 's/^data: {/{/p' "$T/stream" | head -1 | jq -r '.choices[0].delta.role')" = assistant ]
+
+# --- stop string from the middle of the greedy output cuts exactly ---
+text=$(cat "$T/expect")
+len=${#text}
+stop=
+for off in $((len / 2)) $((len / 3)) $((len * 2 / 3)); do
+  cand=${text:$off:3}
+  [ -n "${cand// /}" ] && { stop=$cand; break; }
+done
+prefix=${text%%"$stop"*}
+printf '%s' "$prefix" >"$T/prefix"
+st=$(post /v1/chat/completions "$(chat_req "$MSG" $N "{stop: [\"zzzq\", $(jq -Rn --arg s "$stop" '$s')]}")")
+jq -j '.choices[0].message.content' "$T/body" >"$T/got_stop"
+check "stop '$stop' cuts to the prefix" cmp -s "$T/prefix" "$T/got_stop"
+check "stop finish_reason" [ "$(jq -r '.choices[0].finish_reason' "$T/body")" = stop ]
+curl -sN -d "$(chat_req "$MSG" $N "{stop: $(jq -Rn --arg s "$stop" '$s'), stream: true}")" \
+  "$URL/v1/chat/completions" >"$T/stream_stop"
+stream_text "$T/stream_stop" >"$T/got_stream_stop"
+check "streamed stop never leaks" cmp -s "$T/prefix" "$T/got_stream_stop"
+
+# --- /v1/completions with a raw prompt == generate -p ---
+"$BIN" generate -m "$F" -p "Once upon a time" --temp 0 -n 12 >"$T/expect_p" 2>/dev/null
+st=$(post /v1/completions '{"prompt": "Once upon a time", "temperature": 0, "max_tokens": 12}')
+jq -j '.choices[0].text' "$T/body" >"$T/got_p"
+check "completions text equals generate -p" cmp -s "$T/expect_p" "$T/got_p"
+check "completions object" [ "$(jq -r .object "$T/body")" = text_completion ]
+
+# --- 8 concurrent streaming clients (4 slots: batching plus queueing) ---
+MSGS=("What is the capital of France?" "Tell me a story" "Write a poem about the sea" "Why is the sky blue?")
+NC=16
+for i in 0 1 2 3; do
+  "$BIN" generate -m "$F" --chat "${MSGS[$i]}" --temp 0 -n $NC >"$T/cexp$i" 2>/dev/null
+done
+cpids=()
+for c in $(seq 0 7); do
+  i=$((c % 4))
+  curl -sN -d "$(chat_req "${MSGS[$i]}" $NC '{stream: true}')" "$URL/v1/chat/completions" >"$T/cout$c" &
+  cpids+=($!)
+done
+for p in "${cpids[@]}"; do wait "$p"; done
+for c in $(seq 0 7); do
+  i=$((c % 4))
+  stream_text "$T/cout$c" >"$T/ctext$c"
+  check "concurrent client $c greedy-equal" cmp -s "$T/cexp$i" "$T/ctext$c"
+  check "concurrent client $c [DONE]" [ "$(grep -v '^$' "$T/cout$c" | tail -1)" = "data: [DONE]" ]
+done
+
+# --- tokenize / detokenize / models / health ---
+st=$(post /tokenize '{"content": "Hello world"}')
+check "tokenize" [ "$st" = 200 ] && jq -e '.tokens | length > 0 and all(type == "number")' "$T/body" >/dev/null
+toks=$(jq -c .tokens "$T/body")
+st=$(post /detokenize "{\"tokens\": $toks}")
+check "detokenize round trip" [ "$(jq -r .content "$T/body")" = "Hello world" ]
+check "models" [ "$(curl -s "$URL/v1/models" | jq -r '.data[0].id')" = qwen2_moe_tiny_chat ]
+
+# --- errors: OpenAI-style JSON, 4xx, never a crash ---
+expect_err() {  # status path body [method]
+  local want=$1 path=$2 body=$3 method=${4:-POST} st
+  st=$(curl -s -o "$T/body" -w '%{http_code}' -X "$method" -H 'Content-Type: application/json' \
+    --data-binary "$body" "$URL$path")
+  if [ "$st" = "$want" ] && jq -e '.error.message | type == "string"' "$T/body" >/dev/null; then ok
+  else bad "$method $path $(printf '%.60s' "$body") -> $st (want $want): $(head -c 200 "$T/body")"; fi
+}
+expect_err 400 /v1/chat/completions '{"messages": ['
+expect_err 400 /v1/chat/completions '[1, 2]'
+expect_err 400 /v1/chat/completions '{}'
+expect_err 400 /v1/chat/completions '{"messages": "hi"}'
+expect_err 400 /v1/chat/completions '{"messages": []}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": 1, "content": "x"}]}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": 5}]}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e12}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2.5}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "max_tokens": "10"}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "top_p": 7}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "stop": 3}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "stop": [""]}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "n": 3}'
+expect_err 404 /v1/chat/completions '{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}'
+expect_err 400 /v1/completions '{"prompt": 12}'
+expect_err 400 /v1/completions '{"prompt": [1, -5]}'
+expect_err 400 /v1/completions '{"prompt": [999999999]}'
+expect_err 400 /v1/completions '{"prompt": ""}'
+long=$(printf 'hello %.0s' $(seq 1 1500))
+expect_err 400 /v1/completions "{\"prompt\": \"$long\", \"max_tokens\": 4}"
+check "context_length_exceeded code" [ "$(jq -r .error.code "$T/body")" = context_length_exceeded ]
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$T/huge"
+st=$(curl -s -o "$T/body" -w '%{http_code}' --data-binary @"$T/huge" "$URL/v1/completions")
+check "huge body -> 413 (got $st)" [ "$st" = 413 ]
+expect_err 400 /tokenize '{"content": 5}'
+expect_err 400 /detokenize '{"tokens": ["a"]}'
+expect_err 404 /v1/nothing '{}'
+expect_err 405 /v1/chat/completions '' GET
+expect_err 405 /health '{}' POST
+# a generation still works after all that
+st=$(post /v1/chat/completions "$(chat_req "$MSG" 4)")
+check "still serving ($st)" [ "$st" = 200 ]
+
+# --- a client that disconnects mid-stream frees its slot ---
+curl -sN --max-time 1 -d "$(chat_req "$MSG" 400 '{stream: true}')" "$URL/v1/chat/completions" >/dev/null
+sleep 1.5
+busy=$(curl -s "$URL/health" | jq .slots_busy)
+check "disconnected stream cancelled (slots_busy $busy)" [ "$busy" = 0 ]
+
+# --- graceful shutdown ---
+kill -TERM "$SPID"
+for _ in $(seq 1 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+stopped() { ! kill -0 "$1" 2>/dev/null; }
+check "SIGTERM stops the server" stopped "$SPID"
+wait "$SPID"
+check "exit status 0 after SIGTERM" [ $? = 0 ]
+check "log line per request" grep -q '^serve: POST /v1/chat/completions 200 in=' "$T/server.log"
+
+# --- --api-key ---
+start_server "$T/server2.log" --ctx-size 256 --parallel 1 --api-key s3cret
+URL=http://127.0.0.1:$PORT
+check "health without a key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]
+check "401 without a key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 401 ]
+check "401 with a wrong key" [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer nope' "$URL/v1/models")" = 401 ]
+check "200 with the key" [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' "$URL/v1/models")" = 200 ]
+kill -TERM "$SPID"
+wait "$SPID"
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
