@@ -39,7 +39,7 @@ static void show_diff(const char *want, const char *got)
     fprintf(stderr, "\"\n");
 }
 
-static int run_case(const cJSON *c)
+static int run_case(const cJSON *c, const char *file)
 {
     const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(c, "name"));
     const char *tmpl = cJSON_GetStringValue(cJSON_GetObjectItem(c, "template"));
@@ -58,7 +58,7 @@ static int run_case(const cJSON *c)
     if (want) {
         ok = rc == 0 && out && strcmp(out, want) == 0;
         if (!ok) {
-            fprintf(stderr, "FAIL %s\n", name);
+            fprintf(stderr, "FAIL %s %s\n", file, name);
             if (rc)
                 fprintf(stderr, "    error: %s\n", e.msg);
             else
@@ -70,7 +70,7 @@ static int run_case(const cJSON *c)
         if (ok && etype && !strcmp(etype, "TemplateError") && !strstr(e.msg, err))
             ok = 0;
         if (!ok)
-            fprintf(stderr, "FAIL %s: expected an error (%s: %s), got %s\n", name, etype, err,
+            fprintf(stderr, "FAIL %s %s: expected an error (%s: %s), got %s\n", file, name, etype, err,
                     rc ? e.msg : "success");
     }
     free(out);
@@ -110,7 +110,7 @@ static void test_vectors(void)
         cJSON_ArrayForEach(c, arr)
         {
             total++;
-            int ok = run_case(c);
+            int ok = run_case(c, de->d_name);
             good += ok;
             CHECK(ok);
         }

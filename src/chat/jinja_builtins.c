@@ -386,6 +386,7 @@ enum {
     M_ISDIGIT, M_ISALPHA, M_ISALNUM, M_ISSPACE, M_ISUPPER, M_ISLOWER, M_FORMAT,
     M_STR_END,
     M_ITEMS = 100, M_KEYS, M_VALUES, M_GET,
+    M_LCOUNT = 200, M_LINDEX,
 };
 
 static const char *const STR_METHODS[] = {
@@ -393,6 +394,7 @@ static const char *const STR_METHODS[] = {
     "endswith", "split", "rsplit", "replace", "find", "rfind", "count", "join", "splitlines",
     "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower", "format", NULL};
 static const char *const DICT_METHODS[] = {"items", "keys", "values", "get", NULL};
+static const char *const LIST_METHODS[] = {"count", "index", NULL};
 
 static int find_name(const char *const *names, const char *s, size_t n)
 {
@@ -409,6 +411,8 @@ int jj_method_id(jv obj, const char *name, size_t nlen)
         return k;
     if (obj.t == JV_DICT && (k = find_name(DICT_METHODS, name, nlen)) >= 0)
         return M_ITEMS + k;
+    if (obj.t == JV_LIST && !obj.u.l->kind && (k = find_name(LIST_METHODS, name, nlen)) >= 0)
+        return M_LCOUNT + k;
     return -1;
 }
 
@@ -466,7 +470,6 @@ static int str_pred(jv s, int id)
     return 1;
 }
 
-static jv py_percent_format(jrender *r, jv fmt, jv args, int line);
 static jv py_brace_format(jrender *r, jv fmt, const jargs *A);
 
 jv jj_call_method(jrender *r, jfunc *f, jv *args, size_t nargs, const char **kwn, jv *kwv,
@@ -550,13 +553,32 @@ jv jj_call_method(jrender *r, jfunc *f, jv *args, size_t nargs, const char **kwn
     case M_ISLOWER:
         return jv_bool(str_pred(s, f->id));
     case M_FORMAT: return py_brace_format(r, s, &A);
-    case M_ITEMS: return items_list(r, s.u.d);
+    case M_ITEMS: {
+        jv l = items_list(r, s.u.d);
+        l.u.l->kind = JL_ITEMS;
+        return l;
+    }
     case M_KEYS:
     case M_VALUES: {
         jv l = jv_list_new(r->st, s.u.d->n, 0);
         for (size_t i = 0; i < s.u.d->n; i++)
             l.u.l->v[i] = f->id == M_KEYS ? s.u.d->k[i] : s.u.d->v[i];
+        l.u.l->kind = f->id == M_KEYS ? JL_KEYS : JL_VALUES;
         return l;
+    }
+    case M_LCOUNT:
+    case M_LINDEX: {
+        jv x = arg(&A, 0, NULL, jv_undef("value"));
+        int64_t c = 0;
+        for (size_t i = 0; i < s.u.l->n; i++)
+            if (jv_equal(s.u.l->v[i], x)) {
+                if (f->id == M_LINDEX)
+                    return jv_int((int64_t)i);
+                c++;
+            }
+        if (f->id == M_LINDEX)
+            jfail(r->st, line, "list.index(x): x not in list");
+        return jv_int(c);
     }
     case M_GET: {
         jv v;
@@ -617,11 +639,16 @@ static jv py_brace_format(jrender *r, jv fmt, const jargs *A)
     return jv_strn(b.p ? b.p : "", b.n);
 }
 
-/* "%s %d" % args for the format filter: s, d, i, r, f and %% only. */
-static jv py_percent_format(jrender *r, jv fmt, jv args, int line)
+/* Python's str % args: a tuple supplies the arguments in order; any other
+ * value is one argument, and a "mapping" (anything subscriptable except str
+ * and tuple) may also feed %(name)s.  Conversions s r d i f x and %%. */
+jv jj_percent_format(jrender *r, jv fmt, jv args, int line)
 {
     jbuf b = {0};
-    size_t ai = 0;
+    int is_tuple = args.t == JV_LIST && args.u.l->tuple && !args.u.l->kind;
+    int mapping = !is_tuple && (args.t == JV_DICT || args.t == JV_UNDEF ||
+                                (args.t == JV_LIST && !args.u.l->kind));
+    size_t nargs = is_tuple ? args.u.l->n : 1, ai = 0;
     const char *p = fmt.u.s.p;
     size_t n = fmt.u.s.n;
     for (size_t i = 0; i < n; i++) {
@@ -631,24 +658,49 @@ static jv py_percent_format(jrender *r, jv fmt, jv args, int line)
         }
         if (++i >= n)
             jfail(r->st, line, "incomplete format");
+        jv v;
+        int have = 0;
+        if (p[i] == '(') {   /* %(key)s */
+            size_t j = i + 1;
+            while (j < n && p[j] != ')')
+                j++;
+            if (j >= n)
+                jfail(r->st, line, "incomplete format key");
+            if (!mapping)
+                jfail(r->st, line, "format requires a mapping");
+            v = jj_getitem(r, args, jv_strn(p + i + 1, j - i - 1), line);
+            have = 1;
+            i = j + 1;
+            if (i >= n)
+                jfail(r->st, line, "incomplete format");
+        }
         char c = p[i];
         if (c == '%') {
             jb_putc(r->st, &b, '%');
             continue;
         }
-        if (ai >= args.u.l->n)
-            jfail(r->st, line, "not enough arguments for format string");
-        jv v = args.u.l->v[ai++];
+        if (!have) {
+            if (ai >= nargs)
+                jfail(r->st, line, "not enough arguments for format string");
+            v = is_tuple ? args.u.l->v[ai] : args;
+            ai++;
+        }
         char num[64];
         switch (c) {
         case 's': jv_to_str(r->st, &b, v); break;
         case 'r': jv_repr(r->st, &b, v); break;
         case 'd':
         case 'i':
+        case 'x':
             if (!jv_is_number(v))
-                jfail(r->st, line, "%%d format: a real number is required, not %s", jv_type_name(v));
-            snprintf(num, sizeof num, "%lld", (long long)(v.t == JV_FLOAT ? (int64_t)v.u.f
-                                                         : v.t == JV_INT ? v.u.i : v.u.b));
+                jfail(r->st, line, "%%%c format: a real number is required, not %s", c, jv_type_name(v));
+            {
+                long long x = v.t == JV_FLOAT ? (long long)v.u.f : v.t == JV_INT ? v.u.i : v.u.b;
+                if (c == 'x')
+                    snprintf(num, sizeof num, x < 0 ? "-%llx" : "%llx", x < 0 ? -(unsigned long long)x : (unsigned long long)x);
+                else
+                    snprintf(num, sizeof num, "%lld", x);
+            }
             jb_puts(r->st, &b, num);
             break;
         case 'f':
@@ -660,7 +712,7 @@ static jv py_percent_format(jrender *r, jv fmt, jv args, int line)
         default: jfail(r->st, line, "unsupported format character '%c'", c);
         }
     }
-    if (ai < args.u.l->n)
+    if (ai < nargs && !mapping)
         jfail(r->st, line, "not all arguments converted during string formatting");
     return jv_strn(b.p ? b.p : "", b.n);
 }
@@ -697,7 +749,8 @@ int jj_test(jrender *r, const char *name, jv v, jv *args, size_t nargs, int line
     if (IS("string")) return v.t == JV_STR;
     if (IS("mapping")) return v.t == JV_DICT;
     if (IS("iterable")) return v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
-    if (IS("sequence")) return v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
+    if (IS("sequence"))
+        return v.t == JV_STR || (v.t == JV_LIST && !v.u.l->kind) || v.t == JV_DICT || v.t == JV_UNDEF;
     if (IS("callable")) return v.t == JV_FUNC;
     if (IS("odd") || IS("even") || IS("divisibleby")) {
         if (v.t == JV_UNDEF)
@@ -1007,14 +1060,60 @@ static jv f_round(jrender *r, jv v, const jargs *A)
     return jv_float(rint(x * p10) / p10);
 }
 
+static jv filter_impl(jrender *r, const char *f, jv v, jv *args, size_t nargs,
+                      const char **kwn, jv *kwv, size_t nkw, int line);
+
+/* The filters jinja2 implements as generators run lazily there: their
+ * result is always truthy and their errors surface only on iteration.
+ * They run eagerly here, with any error kept inside the result. */
+static const char *const GEN_FILTERS[] = {"select", "reject", "selectattr", "rejectattr", "map",
+                                          "unique", "items", NULL};
+
+static jv gen_filter(jrender *r, const char *f, jv v, jv *args, size_t nargs, const char **kwn,
+                     jv *kwv, size_t nkw, int line)
+{
+    jstate *st = r->st;
+    jmp_buf saved;
+    memcpy(saved, st->jb, sizeof(jmp_buf));
+    int depth = r->depth;
+    jv out;
+    if (setjmp(st->jb) == 0) {
+        if (!strcmp(f, "items")) {
+            if (v.t == JV_UNDEF)
+                out = jv_list_new(st, 0, 0);
+            else if (v.t != JV_DICT)
+                jfail(st, line, "Can only get item pairs from a mapping.");
+            else
+                out = items_list(r, v.u.d);
+        } else {
+            out = filter_impl(r, f, v, args, nargs, kwn, kwv, nkw, line);
+        }
+        memcpy(st->jb, saved, sizeof(jmp_buf));
+    } else {
+        memcpy(st->jb, saved, sizeof(jmp_buf));
+        r->depth = depth;
+        out = jv_list_new(st, 0, 0);
+        out.u.l->err = ja_strndup(st, st->err, strlen(st->err));
+    }
+    out.u.l->kind = JL_GEN;
+    return out;
+}
+
 jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const char **kwn,
              jv *kwv, size_t nkw, int line)
 {
-    jargs A = {args, nargs, kwn, kwv, nkw, line};
     int id = find_name(FILTERS, name, strlen(name));
     if (id < 0)
         jfail(r->st, line, "no filter named '%s'", name);
-    const char *f = FILTERS[id];
+    if (find_name(GEN_FILTERS, name, strlen(name)) >= 0)
+        return gen_filter(r, FILTERS[id], v, args, nargs, kwn, kwv, nkw, line);
+    return filter_impl(r, FILTERS[id], v, args, nargs, kwn, kwv, nkw, line);
+}
+
+static jv filter_impl(jrender *r, const char *f, jv v, jv *args, size_t nargs,
+                      const char **kwn, jv *kwv, size_t nkw, int line)
+{
+    jargs A = {args, nargs, kwn, kwv, nkw, line};
 #define IS(x) (!strcmp(f, x))
     if (IS("default") || IS("d")) {
         jv def = arg(&A, 0, "default_value", S(""));
@@ -1028,7 +1127,10 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
         switch (v.t) {
         case JV_UNDEF: return jv_int(0);
         case JV_STR: return jv_int((int64_t)ju_len(v.u.s.p, v.u.s.n));
-        case JV_LIST: return jv_int((int64_t)v.u.l->n);
+        case JV_LIST:
+            if (v.u.l->kind == JL_GEN)
+                jfail(r->st, line, "object of type 'generator' has no len()");
+            return jv_int((int64_t)v.u.l->n);
         case JV_DICT: return jv_int((int64_t)v.u.d->n);
         default: jfail(r->st, line, "object of type '%s' has no len()", jv_type_name(v));
         }
@@ -1045,7 +1147,11 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
         jv old = str_arg(r, &A, 0, "old", "replace"), nw = str_arg(r, &A, 1, "new", "replace");
         return py_replace(r, s, old, nw, int_arg(r, arg(&A, 2, "count", jv_none()), -1, line));
     }
-    if (IS("indent")) return f_indent(r, as_str(r, v), &A);
+    if (IS("indent")) {   /* jinja does `s += "\n"` on the raw value */
+        if (v.t != JV_STR)
+            jfail(r->st, line, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+        return f_indent(r, v, &A);
+    }
     if (IS("e") || IS("escape") || IS("forceescape")) {
         jv s = as_str(r, v);
         jbuf b = {0};
@@ -1060,15 +1166,27 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
         }
         return jv_strn(b.p ? b.p : "", b.n);
     }
-    if (IS("wordcount")) {
-        jv words = py_split(r, as_str(r, v), jv_none(), -1, line);
-        return jv_int((int64_t)words.u.l->n);
+    if (IS("wordcount")) {   /* runs of \w (letters, digits, _) */
+        jv s = as_str(r, v);
+        int64_t words = 0;
+        int in_word = 0;
+        uint32_t cp;
+        for (size_t i = 0; i < s.u.s.n;) {
+            i = ju_next(s.u.s.p, s.u.s.n, i, &cp);
+            utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+            int w = cp == '_' || (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
+                    (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
+            if (w && !in_word)
+                words++;
+            in_word = w;
+        }
+        return jv_int(words);
     }
     if (IS("format")) {
         jv fmtargs = jv_list_new(r->st, nargs, 1);
         for (size_t i = 0; i < nargs; i++)
             fmtargs.u.l->v[i] = args[i];
-        return py_percent_format(r, as_str(r, v), fmtargs, line);
+        return jj_percent_format(r, as_str(r, v), fmtargs, line);
     }
     if (IS("center")) {
         jv s = as_str(r, v);
@@ -1100,14 +1218,10 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
         return str_join(r, sep, l, 0, line);
     }
     if (IS("list")) return list_copy(r, jj_iter_list(r, v, line));
-    if (IS("items")) {
-        if (v.t == JV_UNDEF)
-            return jv_list_new(r->st, 0, 0);
-        if (v.t != JV_DICT)
-            jfail(r->st, line, "Can only get item pairs from a mapping.");
-        return items_list(r, v.u.d);
-    }
+
     if (IS("first") || IS("last")) {
+        if (IS("last") && v.t == JV_LIST && v.u.l->kind == JL_GEN)
+            jfail(r->st, line, "'generator' object is not reversible");
         jv l = jj_iter_list(r, v, line);
         if (!l.u.l->n)
             return jv_undef("first");
@@ -1121,16 +1235,20 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
                 jb_put(r->st, &b, l.u.l->v[i].u.s.p, l.u.l->v[i].u.s.n);
             return jv_strn(b.p ? b.p : "", b.n);
         }
+        int lazy = v.t == JV_LIST && v.u.l->kind != JL_GEN;   /* reversed(): an iterator */
         jv l = jj_iter_list(r, v, line);
         jv out = jv_list_new(r->st, l.u.l->n, 0);
         for (size_t i = 0; i < l.u.l->n; i++)
             out.u.l->v[i] = l.u.l->v[l.u.l->n - 1 - i];
+        if (lazy)
+            out.u.l->kind = JL_GEN;
         return out;
     }
     if (IS("sort") || IS("dictsort")) {
         int dict = IS("dictsort");
-        jv l = dict ? (v.t == JV_DICT ? items_list(r, v.u.d) : jv_list_new(r->st, 0, 0))
-                    : list_copy(r, jj_iter_list(r, v, line));
+        if (dict && v.t != JV_DICT)
+            jfail(r->st, line, "'%s' object has no attribute 'items'", jv_type_name(v));
+        jv l = dict ? items_list(r, v.u.d) : list_copy(r, jj_iter_list(r, v, line));
         int rev = jv_truthy(arg(&A, dict ? 2 : 0, "reverse", jv_bool(0)));
         int cs = jv_truthy(arg(&A, dict ? 0 : 1, "case_sensitive", jv_bool(0)));
         jv attr = dict ? jv_none() : arg(&A, 2, "attribute", jv_none());
@@ -1147,7 +1265,7 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
         return l;
     }
     if (IS("unique")) {
-        jv l = jj_iter_list(r, v, line);
+        jv l = jj_iter_list(r, v, line);   /* (lazy: see gen_filter) */
         int cs = jv_truthy(arg(&A, 0, "case_sensitive", jv_bool(0)));
         jv attr = arg(&A, 1, "attribute", jv_none());
         jv out = jv_list_new(r->st, 0, 0), seen = jv_list_new(r->st, 0, 0);
@@ -1226,6 +1344,8 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
     }
     if (IS("int")) {
         jv def = arg(&A, 0, "default", jv_int(0));
+        if (v.t == JV_UNDEF)
+            jfail(r->st, line, "'%s' is undefined", v.u.s.p ? v.u.s.p : "value");
         if (v.t == JV_INT) return v;
         if (v.t == JV_BOOL) return jv_int(v.u.b);
         if (v.t == JV_FLOAT) {
@@ -1249,6 +1369,8 @@ jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs, const c
     }
     if (IS("float")) {
         jv def = arg(&A, 0, "default", jv_float(0.0));
+        if (v.t == JV_UNDEF)
+            jfail(r->st, line, "'%s' is undefined", v.u.s.p ? v.u.s.p : "value");
         if (v.t == JV_FLOAT) return v;
         if (v.t == JV_INT) return jv_float((double)v.u.i);
         if (v.t == JV_BOOL) return jv_float(v.u.b);

@@ -109,7 +109,8 @@ jv jj_getitem(jrender *r, jv obj, jv key, int line)
         jv v;
         if (jdict_get(obj.u.d, key, &v))
             return v;
-    } else if ((obj.t == JV_LIST || obj.t == JV_STR) && (key.t == JV_INT || key.t == JV_BOOL)) {
+    } else if (((obj.t == JV_LIST && !obj.u.l->kind) || obj.t == JV_STR) &&
+               (key.t == JV_INT || key.t == JV_BOOL)) {
         int ok;
         int64_t k = key.t == JV_INT ? key.u.i : key.u.b;
         if (obj.t == JV_LIST) {
@@ -187,7 +188,7 @@ static jv do_slice(jrender *r, jv obj, jv a, jv b, jv c, int line)
 {
     if (obj.t == JV_UNDEF)
         fail_undef(r, obj, line);
-    if (obj.t == JV_LIST) {
+    if (obj.t == JV_LIST && !obj.u.l->kind) {
         int64_t s0, s1, st;
         slice_bounds(r, (int64_t)obj.u.l->n, a, b, c, line, &s0, &s1, &st);
         size_t cnt = 0;
@@ -217,6 +218,12 @@ static jv do_slice(jrender *r, jv obj, jv a, jv b, jv c, int line)
             jb_put(r->st, &out, obj.u.s.p + off[j], off[j + 1] - off[j]);
         return jv_strn(out.p ? out.p : "", out.n);
     }
+    /* jinja2 compiles slices to a plain Python subscript (an error here),
+     * except where it folded literals through getitem (undefined) */
+    if (r->folded)
+        return jv_undef("slice");
+    if (obj.t == JV_DICT)
+        jfail(r->st, line, "unhashable type: 'slice'");
     jfail(r->st, line, "'%s' object is not subscriptable", jv_type_name(obj));
 }
 
@@ -226,7 +233,16 @@ jv jj_iter_list(jrender *r, jv v, int line)
 {
     switch (v.t) {
     case JV_UNDEF: return jv_list_new(r->st, 0, 0);
-    case JV_LIST: return v;
+    case JV_LIST:
+        if (v.u.l->err)   /* the message already names its line */
+            jfail(r->st, 0, "%s", v.u.l->err);
+        if (v.u.l->kind) {   /* iterating a lazy value gives a plain list */
+            jv l = jv_list_new(r->st, v.u.l->n, 0);
+            if (v.u.l->n)
+                memcpy(l.u.l->v, v.u.l->v, v.u.l->n * sizeof(jv));
+            return l;
+        }
+        return v;
     case JV_DICT: {
         jv l = jv_list_new(r->st, v.u.d->n, 0);
         for (size_t i = 0; i < v.u.d->n; i++)
@@ -255,6 +271,8 @@ static jv arith(jrender *r, int op, jv a, jv b, int line)
 {
     if (a.t == JV_UNDEF)
         fail_undef(r, a, line);
+    if (op == '%' && a.t == JV_STR)   /* str % Undefined formats (it acts as a mapping) */
+        return jj_percent_format(r, a, b, line);
     if (b.t == JV_UNDEF)
         fail_undef(r, b, line);
     if (op == '+') {
@@ -267,7 +285,8 @@ static jv arith(jrender *r, int op, jv a, jv b, int line)
             memcpy(p + a.u.s.n, b.u.s.p, b.u.s.n);
             return jv_strn(p, n);
         }
-        if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
+        if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple && !a.u.l->kind &&
+            !b.u.l->kind) {
             jv l = jv_list_new(r->st, a.u.l->n + b.u.l->n, a.u.l->tuple);
             if (a.u.l->n)
                 memcpy(l.u.l->v, a.u.l->v, a.u.l->n * sizeof(jv));
@@ -276,7 +295,8 @@ static jv arith(jrender *r, int op, jv a, jv b, int line)
             return l;
         }
     }
-    int a_seq = a.t == JV_STR || a.t == JV_LIST, b_seq = b.t == JV_STR || b.t == JV_LIST;
+    int a_seq = a.t == JV_STR || (a.t == JV_LIST && !a.u.l->kind);
+    int b_seq = b.t == JV_STR || (b.t == JV_LIST && !b.u.l->kind);
     int a_int = a.t == JV_INT || a.t == JV_BOOL, b_int = b.t == JV_INT || b.t == JV_BOOL;
     if (op == '*' && ((a_seq && b_int) || (b_seq && a_int))) {
         jv s = (a.t == JV_STR || a.t == JV_LIST) ? a : b;
@@ -300,6 +320,8 @@ static jv arith(jrender *r, int op, jv a, jv b, int line)
                 memcpy(l.u.l->v + (size_t)i * s.u.l->n, s.u.l->v, s.u.l->n * sizeof(jv));
         return l;
     }
+    if (op == '%' && a.t == JV_STR)
+        return jj_percent_format(r, a, b, line);
     if (!jv_is_number(a) || !jv_is_number(b)) {
         static const char *names[] = {"+", "-", "*", "/", "//", "%", "**"};
         const char *o = op == '+' ? names[0] : op == '-' ? names[1] : op == '*' ? names[2]
@@ -404,12 +426,16 @@ static int contains(jrender *r, jv container, jv item, int line)
             return 1;
         return memmem(container.u.s.p, container.u.s.n, item.u.s.p, item.u.s.n) != NULL;
     case JV_LIST:
+        if (container.u.l->err)
+            jfail(r->st, 0, "%s", container.u.l->err);
         for (size_t i = 0; i < container.u.l->n; i++)
             if (jv_equal(container.u.l->v[i], item))
                 return 1;
         return 0;
     case JV_DICT:
     case JV_NS:
+        if ((item.t == JV_LIST && (!item.u.l->tuple || item.u.l->kind)) || item.t == JV_DICT)
+            jfail(r->st, line, "unhashable type: '%s'", jv_type_name(item));
         return jdict_get(container.u.d, item, NULL);
     default:
         jfail(r->st, line, "argument of type '%s' is not iterable", jv_type_name(container));
@@ -523,15 +549,76 @@ jv jj_call(jrender *r, jv fn, jv *args, size_t nargs, const char **kwn, jv *kwv,
 
 /* ------------------------------------------------------------ expressions */
 
+/* Python's has_safe_repr: what jinja2 accepts as a folded constant. */
+static int safe_repr(jv v, int depth)
+{
+    if (depth > 64)
+        return 0;
+    switch (v.t) {
+    case JV_NONE: case JV_BOOL: case JV_INT: case JV_FLOAT: case JV_STR: return 1;
+    case JV_LIST:
+        if (v.u.l->kind)
+            return 0;
+        for (size_t i = 0; i < v.u.l->n; i++)
+            if (!safe_repr(v.u.l->v[i], depth + 1))
+                return 0;
+        return 1;
+    case JV_DICT:
+        for (size_t i = 0; i < v.u.d->n; i++)
+            if (!safe_repr(v.u.d->k[i], depth + 1) || !safe_repr(v.u.d->v[i], depth + 1))
+                return 0;
+        return 1;
+    default: return 0;
+    }
+}
+
+/* jinja2's optimiser replaces every sub-expression whose value it can
+ * compute from literals alone (short-circuits included) by that value,
+ * when the value has a safe repr; a whole {{ }} is computed the same way
+ * even when the value is undefined.  The compile-time evaluation differs
+ * from the run-time one in a single respect that matters: a failed slice
+ * is undefined there, an error here.  So where a slice is involved, the
+ * constant evaluation is tried first (r->folded: names and calls abort). */
+static int try_const(jrender *r, jscope *sc, const jnode *n, int need_safe, jv *out)
+{
+    jstate *st = r->st;
+    jmp_buf saved;
+    memcpy(saved, st->jb, sizeof(jmp_buf));
+    int depth = r->depth;
+    if (setjmp(st->jb) == 0) {
+        r->folded = 1;
+        jv v = jj_eval(r, sc, n);
+        r->folded = 0;
+        memcpy(st->jb, saved, sizeof(jmp_buf));
+        if (need_safe && !safe_repr(v, 0))
+            return 0;
+        *out = v;
+        return 1;
+    }
+    memcpy(st->jb, saved, sizeof(jmp_buf));
+    r->folded = 0;
+    r->depth = depth;
+    return 0;
+}
+
 jv jj_eval(jrender *r, jscope *sc, const jnode *n)
 {
+    if (n->has_slice && !r->folded && n->kind != N_SLICE) {
+        jv c;
+        if (try_const(r, sc, n, 1, &c))
+            return c;
+    }
     step(r, n->line);
     if (++r->depth > JJ_MAX_DEPTH)
         jfail(r->st, n->line, "maximum recursion depth exceeded");
     jv v;
     switch (n->kind) {
     case N_LIT: v = n->lit; break;
-    case N_NAME: v = lookup(r, sc, n->name); break;
+    case N_NAME:
+        if (r->folded)
+            jfail(r->st, n->line, "not constant");
+        v = lookup(r, sc, n->name);
+        break;
     case N_ATTR:
         v = jj_getattr(r, jj_eval(r, sc, n->a), n->name, strlen(n->name), n->line);
         break;
@@ -549,6 +636,8 @@ jv jj_eval(jrender *r, jscope *sc, const jnode *n)
         break;
     }
     case N_CALL: {
+        if (r->folded)
+            jfail(r->st, n->line, "not constant");
         jv fn = jj_eval(r, sc, n->a);
         jv *args, *kwv;
         eval_args(r, sc, n, &args, &kwv);
@@ -556,6 +645,9 @@ jv jj_eval(jrender *r, jscope *sc, const jnode *n)
         break;
     }
     case N_FILTER: {
+        if (r->folded && (!strcmp(n->name, "map") || !strncmp(n->name, "select", 6) ||
+                          !strncmp(n->name, "reject", 6)))   /* context filters */
+            jfail(r->st, n->line, "not constant");
         jv x = n->a ? jj_eval(r, sc, n->a) : jv_undef("value");
         jv *args, *kwv;
         eval_args(r, sc, n, &args, &kwv);
@@ -741,12 +833,20 @@ static jv apply_filter_chain(jrender *r, jscope *sc, const jnode *f, jv v)
     return jj_filter(r, f->name, v, args, f->nitems, f->names, kwv, f->nitems2, f->line);
 }
 
+static jv eval_output(jrender *r, jscope *sc, const jnode *e)
+{
+    jv v;
+    if (e->has_slice && try_const(r, sc, e, 0, &v))
+        return v;
+    return jj_eval(r, sc, e);
+}
+
 static void exec_stmt(jrender *r, jscope *sc, const jnode *n, jbuf *out)
 {
     step(r, n->line);
     switch (n->kind) {
     case N_TEXT: jb_put(r->st, out, n->lit.u.s.p, n->lit.u.s.n); return;
-    case N_OUTPUT: jv_to_str(r->st, out, jj_eval(r, sc, n->a)); return;
+    case N_OUTPUT: jv_to_str(r->st, out, eval_output(r, sc, n->a)); return;
     case N_IF:
         if (jv_truthy(jj_eval(r, sc, n->a)))
             jj_exec(r, sc, n->b, out);

@@ -63,10 +63,17 @@ typedef struct jv {
     } u;
 } jv;
 
+/* Lists also stand for Python's lazy results: generators (select, map,
+ * unique, the items filter, reversed lists) are always truthy, have no
+ * len() and fail only when iterated (err); dict views print as
+ * dict_items([...]) and are not JSON serialisable. */
+enum { JL_LIST, JL_GEN, JL_ITEMS, JL_KEYS, JL_VALUES };
 struct jlist {
     size_t n;
     jv *v;
     int tuple;
+    int kind;
+    const char *err;   /* JL_GEN: the error its iteration raises */
 };
 
 struct jdict {
@@ -178,6 +185,7 @@ typedef struct jnode {
     size_t nundef;
     const char **undef2;
     size_t nundef2;
+    int has_slice;            /* a slice below: compile-time folding matters */
 } jnode;
 
 /* Parses the template into a body node (N_BODY), scope analysis included. */
@@ -198,6 +206,7 @@ typedef struct jrender {
     int depth;
     jbuf out;
     int loop_ctl;             /* 1 break, 2 continue */
+    int folded;               /* evaluating a {{ }} made only of literals */
 } jrender;
 
 jv jj_eval(jrender *r, jscope *sc, const jnode *n);
@@ -208,6 +217,8 @@ jv jj_call(jrender *r, jv fn, jv *args, size_t nargs, const char **kwn, jv *kwv,
 jv jj_getattr(jrender *r, jv obj, const char *name, size_t nlen, int line);
 jv jj_getitem(jrender *r, jv obj, jv key, int line);
 jv jj_iter_list(jrender *r, jv v, int line);   /* list of the items of v */
+/* str % args (Python printf-style formatting) */
+jv jj_percent_format(jrender *r, jv fmt, jv args, int line);
 
 /* builtins (jinja_builtins.c) */
 jv jj_filter(jrender *r, const char *name, jv v, jv *args, size_t nargs,

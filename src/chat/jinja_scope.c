@@ -217,8 +217,27 @@ static void analyze(jstate *st, frame *parent, jnode *n, int kind, int depth)
     }
 }
 
+/* Flags every node with a slice below it (see eval_output / try_const). */
+static int mark_slices(jnode *n, int depth)
+{
+    if (!n || depth > JJ_MAX_DEPTH * 4)
+        return 0;
+    int s = n->kind == N_SLICE;
+    s |= mark_slices(n->a, depth + 1);
+    s |= mark_slices(n->b, depth + 1);
+    s |= mark_slices(n->c, depth + 1);
+    s |= mark_slices(n->d, depth + 1);
+    for (size_t i = 0; i < n->nitems; i++)
+        s |= mark_slices(n->items[i], depth + 1);
+    for (size_t i = 0; i < n->nitems2; i++)
+        s |= mark_slices(n->items2[i], depth + 1);
+    n->has_slice = s;
+    return s;
+}
+
 void jj_analyze(jstate *st, jnode *root)
 {
     frame f = {0};
     run_frame(st, &f, root, root, FR_BLOCK, 0);
+    mark_slices(root, 0);
 }

@@ -270,6 +270,8 @@ jv jv_from_cjson(jstate *st, const void *p)
 
 int jv_truthy(jv v)
 {
+    if (v.t == JV_LIST && v.u.l->kind == JL_GEN)
+        return 1;
     switch (v.t) {
     case JV_UNDEF:
     case JV_NONE: return 0;
@@ -289,6 +291,10 @@ const char *jv_type_name(jv v)
                                   "list", "dict", "Namespace", "function"};
     if (v.t == JV_LIST && v.u.l->tuple)
         return "tuple";
+    if (v.t == JV_LIST && v.u.l->kind) {
+        static const char *kinds[] = {"list", "generator", "dict_items", "dict_keys", "dict_values"};
+        return kinds[v.u.l->kind];
+    }
     return names[v.t];
 }
 
@@ -443,6 +449,14 @@ static void repr_depth(jstate *st, jbuf *b, jv v, int depth)
     case JV_UNDEF: jb_puts(st, b, "Undefined"); return;
     case JV_LIST: {
         jlist *l = v.u.l;
+        if (l->kind == JL_GEN) {   /* Python prints an address here */
+            jb_puts(st, b, "<generator object>");
+            return;
+        }
+        if (l->kind) {   /* dict_items([...]) */
+            jb_puts(st, b, jv_type_name(v));
+            jb_putc(st, b, '(');
+        }
         jb_putc(st, b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i)
@@ -452,6 +466,8 @@ static void repr_depth(jstate *st, jbuf *b, jv v, int depth)
         if (l->tuple && l->n == 1)
             jb_putc(st, b, ',');
         jb_putc(st, b, l->tuple ? ')' : ']');
+        if (l->kind)
+            jb_putc(st, b, ')');
         return;
     }
     case JV_NS:
@@ -564,6 +580,8 @@ void jv_to_json(jstate *st, jbuf *b, jv v, const char *indent, int depth,
     case JV_STR: json_str(st, b, v.u.s.p, v.u.s.n); return;
     case JV_LIST: {
         jlist *l = v.u.l;
+        if (l->kind)
+            jfail(st, line, "Object of type %s is not JSON serializable", jv_type_name(v));
         if (l->n == 0) {
             jb_puts(st, b, "[]");
             return;
@@ -652,6 +670,8 @@ int jv_equal(jv a, jv b)
     case JV_NONE: return 1;
     case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case JV_LIST:
+        if (a.u.l->kind || b.u.l->kind)
+            return a.u.l == b.u.l;
         if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n)
             return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
@@ -685,7 +705,8 @@ int jv_compare(jstate *st, jv a, jv b, int line)
     }
     if (a.t == JV_STR && b.t == JV_STR)
         return str_cmp(a, b);
-    if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
+    if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple && !a.u.l->kind &&
+        !b.u.l->kind) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jv_equal(a.u.l->v[i], b.u.l->v[i]))
