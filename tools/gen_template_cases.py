@@ -817,6 +817,49 @@ def random_expr_cases(n=1500, seed=777):
     return cases
 
 
+# ---------------------------------------------------------------- random scoping
+# Random nests of set / if / for / macro / with / set-blocks / namespaces over
+# names that the context may or may not define: jinja2's frame rules.
+
+def random_scope_cases(n=300, seed=4242):
+    import random
+    rnd = random.Random(seed)
+    names = ["a", "b", "c"]
+
+    def expr():
+        return rnd.choice(names + ["'k'", "i", "loop.index if loop is defined else 0", "a ~ b", "ns.x"])
+
+    def stmt(depth):
+        k = rnd.randint(0, 10 if depth < 3 else 4)
+        nm = rnd.choice(names)
+        if k <= 1:
+            return "[{{ %s }}]" % expr()
+        if k == 2:
+            return "{%% set %s = %s %%}" % (nm, expr())
+        if k == 3:
+            return "{%% set ns.x = %s %%}" % expr()
+        if k == 4:
+            return "{%% set %s %%}<{{ %s }}>{%% endset %%}" % (nm, expr())
+        if k <= 6:
+            return "{%% if %s %%}%s{%% else %%}%s{%% endif %%}" % (
+                rnd.choice(names + ["i", "true", "false"]), seq(depth + 1), seq(depth + 1))
+        if k <= 8:
+            return "{%% for i in %s %%}%s{%% endfor %%}" % (rnd.choice(["[1, 2]", "[0]", "'xy'"]), seq(depth + 1))
+        if k == 9:
+            return "{%% macro m%d(p) %%}%s{%% endmacro %%}{{ m%d(%s) }}" % (depth, seq(depth + 1), depth, expr())
+        return "{%% with %s = %s %%}%s{%% endwith %%}" % (nm, expr(), seq(depth + 1))
+
+    def seq(depth):
+        return "".join(stmt(depth) for _ in range(rnd.randint(1, 4)))
+
+    cases = []
+    for i in range(n):
+        t = "{% set ns = namespace(x=0) %}" + seq(0) + "|{{ a }}{{ b }}{{ c }}{{ ns.x }}"
+        ctx = {k: v for k, v in zip(names, ["A", "B", "C"]) if rnd.random() < 0.7}
+        cases.append(render(f"scope/{i}", t, ctx))
+    return cases
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     fixture = os.path.join(HERE, "..", "..", "shared", "fixtures", "qwen2_moe_tiny_chat",
@@ -828,7 +871,8 @@ def main():
             sys.exit("the Qwen1.5 template differs from the fixture's tokenizer_config.json")
     for fname, cases in (("real_templates.json", real_cases()), ("units.json", unit_cases()),
                          ("random_whitespace.json", random_cases()),
-                         ("random_expressions.json", random_expr_cases())):
+                         ("random_expressions.json", random_expr_cases()),
+                         ("random_scoping.json", random_scope_cases())):
         names = [c["name"] for c in cases]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
