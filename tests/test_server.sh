@@ -14,6 +14,9 @@
 # Needs MLXCEL_BIN, MLXCEL_FIXTURES (skips with 77 without), curl and jq.
 set -u
 export LC_ALL=C.UTF-8
+# OpenMP workers that spin between parallel regions crawl when the CPUs are
+# shared (ctest -j, CI): sleep instead
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 [ -n "${MLXCEL_FIXTURES:-}" ] || { echo "SKIP: MLXCEL_FIXTURES is not set"; exit 77; }
 BIN=${MLXCEL_BIN:?MLXCEL_BIN must point at the mlxcel binary}
 F=$MLXCEL_FIXTURES/qwen2_moe_tiny_chat

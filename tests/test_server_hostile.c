@@ -152,6 +152,7 @@ static int start_server(const char *bin, const char *model)
     if (g_pid < 0)
         return -1;
     if (g_pid == 0) {
+        setenv("OMP_WAIT_POLICY", "passive", 0);   /* spinning OpenMP workers crawl on shared CPUs */
         dup2(p[1], 2);
         close(p[0]);
         close(p[1]);
