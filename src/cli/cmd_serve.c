@@ -31,6 +31,8 @@ static void help(void)
            "      --max-conns N       concurrent connections (default 64)\n"
            "      --max-body BYTES    largest request body (default 1048576; larger: 413)\n"
            "      --prefill-chunk N   prompt tokens prefilled per scheduler turn (default 256)\n"
+           "      --batch MODE        decode steps of several requests: auto (time both, use the\n"
+           "                          faster), on (always one batched forward), off (one per request)\n"
            "      --quiet             no per-request log lines\n"
            "model and sampling defaults (a request's fields override them):\n");
     cli_common_help();
@@ -80,6 +82,18 @@ static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
             so->max_body = (size_t)n;
         } else if (!strcmp(a, "--prefill-chunk")) {
             INT(1, 1 << 20, so->prefill_chunk);
+        } else if (!strcmp(a, "--batch")) {
+            VAL();
+            if (!strcmp(v, "auto"))
+                so->batch = 0;
+            else if (!strcmp(v, "off"))
+                so->batch = 1;
+            else if (!strcmp(v, "on"))
+                so->batch = 2;
+            else {
+                fprintf(stderr, "mlxcel serve: --batch takes auto, on or off\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--quiet")) {
             so->quiet = 1;
         } else {

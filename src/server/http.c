@@ -558,7 +558,7 @@ int mx_server_start(mx_engine *g, const mx_server_opts *o, mx_server **out, mx_e
     struct sockaddr_storage sa;
     int v6 = 0, rc = resolve(o->host ? o->host : "127.0.0.1", o->port, &sa, &v6, e);
     if (!rc)
-        rc = srv_sched_init(&s->sc, g, o->parallel, o->n_ctx, o->queue, o->prefill_chunk, e);
+        rc = srv_sched_init(&s->sc, g, o->parallel, o->n_ctx, o->queue, o->prefill_chunk, o->batch, e);
     if (rc) {
         free(id);
         free(s);

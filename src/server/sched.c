@@ -256,7 +256,32 @@ static void prefill_one(srv_sched *sc)
     slot_step(sc, sl);
 }
 
-/* One token for every decoding slot: a single pass over the weights. */
+/* Whether n sequences go through one mx_forward_batch or through n
+ * single-token mx_forward calls.  Batching is the point (one pass over the
+ * weights for all of them), but whether it pays depends on the kernels: a
+ * batch step is timed against n single steps (moving averages, per batch
+ * size), the faster is used, and the other is re-measured now and then so
+ * the choice follows the machine and the load. */
+static int use_batch(srv_sched *sc, int n)
+{
+    if (n == 1 || sc->batch_mode == 1)
+        return 0;
+    if (sc->batch_mode == 2)
+        return 1;
+    double tb = sc->t_batch[n], ts = sc->t_single;
+    if (tb == 0)
+        return 1;
+    if (ts == 0)
+        return 0;
+    int batch = tb <= n * ts;
+    if (++sc->n_decide % 32 == 0)
+        batch = !batch;          /* re-measure the other way */
+    return batch;
+}
+
+static void ewma(double *avg, double x) { *avg = *avg == 0 ? x : 0.8 * *avg + 0.2 * x; }
+
+/* One token for every decoding slot. */
 static void decode_all(srv_sched *sc)
 {
     const int V = sc->g->model->vocab;
@@ -273,12 +298,20 @@ static void decode_all(srv_sched *sc)
     if (!n)
         return;
     mx_err e = {0};
-    int rc;
-    /* one sequence: the single-token path (fused MoE), as mx_generate runs it */
-    if (n == 1)
-        rc = mx_forward(sc->g->model, sc->seqs[0], sc->toks, 1, sc->logits, NULL, &e);
-    else
+    int rc = 0, batch = use_batch(sc, n);
+    double t0 = mx_now();
+    if (batch) {
         rc = mx_forward_batch(sc->g->model, sc->seqs, sc->toks, n, sc->logits, &e);
+        if (!rc)
+            ewma(&sc->t_batch[n], mx_now() - t0);
+    } else {
+        /* the single-token path (fused MoE), as mx_generate runs it */
+        for (int j = 0; j < n && !rc; j++)
+            rc = mx_forward(sc->g->model, sc->seqs[j], &sc->toks[j], 1, sc->logits + (size_t)j * V,
+                            NULL, &e);
+        if (!rc)
+            ewma(&sc->t_single, (mx_now() - t0) / n);
+    }
     for (int j = 0; j < n; j++) {
         srv_slot *sl = &sc->slots[sc->rows[j]];
         if (rc) {
@@ -357,9 +390,10 @@ static void *sched_main(void *arg)
 }
 
 int srv_sched_init(srv_sched *sc, mx_engine *g, int n_slots, int n_ctx, int max_queue,
-                   int prefill_chunk, mx_err *e)
+                   int prefill_chunk, int batch_mode, mx_err *e)
 {
     memset(sc, 0, sizeof *sc);
+    sc->batch_mode = batch_mode;
     sc->g = g;
     sc->n_ctx = n_ctx;
     sc->n_slots = n_slots;
@@ -372,7 +406,8 @@ int srv_sched_init(srv_sched *sc, mx_engine *g, int n_slots, int n_ctx, int max_
     sc->seqs = calloc((size_t)n_slots, sizeof *sc->seqs);
     sc->toks = calloc((size_t)n_slots, sizeof *sc->toks);
     sc->rows = calloc((size_t)n_slots, sizeof *sc->rows);
-    if (!sc->slots || !sc->logits || !sc->seqs || !sc->toks || !sc->rows) {
+    sc->t_batch = calloc((size_t)n_slots + 1, sizeof *sc->t_batch);
+    if (!sc->slots || !sc->logits || !sc->seqs || !sc->toks || !sc->rows || !sc->t_batch) {
         srv_sched_free(sc);
         return mx_fail(e, MX_ENOMEM, "out of memory for %d server slots", n_slots);
     }
@@ -409,6 +444,8 @@ void srv_sched_free(srv_sched *sc)
     free(sc->seqs);
     free(sc->toks);
     free(sc->rows);
+    free(sc->t_batch);
+    sc->t_batch = NULL;
     sc->slots = NULL;
     sc->logits = NULL;
     sc->seqs = NULL;

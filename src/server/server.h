@@ -32,6 +32,8 @@ typedef struct mx_server_opts {
     int max_conns;              /* concurrent connections */
     int prefill_chunk;          /* prompt tokens prefilled per scheduler turn */
     int quiet;                  /* no per-request log lines */
+    int batch;                  /* decode steps: 0 auto (timed), 1 one call per
+                                   sequence, 2 always one mx_forward_batch */
 } mx_server_opts;
 
 void mx_server_opts_defaults(mx_server_opts *o);

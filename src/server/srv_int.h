@@ -81,10 +81,14 @@ typedef struct srv_sched {
     mx_seq **seqs;
     int32_t *toks;
     int *rows;
+    int batch_mode;              /* 0 auto, 1 never batch, 2 always batch */
+    double *t_batch;             /* [n_slots + 1]: seconds per batch step of n */
+    double t_single;             /* seconds per single-token step */
+    long n_decide;
 } srv_sched;
 
 int srv_sched_init(srv_sched *sc, mx_engine *g, int n_slots, int n_ctx, int max_queue,
-                   int prefill_chunk, mx_err *e);
+                   int prefill_chunk, int batch_mode, mx_err *e);
 /* Queues r (taking a reference for the scheduler).  Returns 0, or -1 when
  * the queue is full or the server is stopping (the caller answers 503). */
 int srv_sched_submit(srv_sched *sc, srv_req *r);
