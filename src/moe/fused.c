@@ -11,7 +11,8 @@
  *            so the router weight is folded in and no reduction is needed.
  * Every weight byte is read once, both phases keep every thread busy whatever
  * k is, and the buffers are reused across calls (grown outside the parallel
- * region), so the hot path does not allocate. */
+ * region), so the hot path does not allocate.  The kernel's prepared form of
+ * x (and of each h_j) is built once per call, not once per row range. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,20 +35,26 @@ const char *mx_moe_fused_declines(const mx_experts *ex)
     return NULL;
 }
 
-/* Scratch reused across calls: h (k*d_ff), u (k*d_ff), and per thread the
- * group sums of x and of each h_j plus a row buffer. */
-static float *g_buf;
+/* Scratch reused across calls (64-byte aligned): h (k*d_ff floats), u
+ * (k*d_ff), the prepared x for each group size the gate/up matrices use, the
+ * prepared h_j of each expert's down matrix, and a row buffer per thread. */
+static unsigned char *g_buf;
 static size_t g_cap;
 
-static float *scratch(size_t n)
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static unsigned char *scratch(size_t n)
 {
     if (n > g_cap) {
         free(g_buf);
-        g_buf = malloc(n * sizeof *g_buf);
+        g_buf = aligned_alloc(64, al64(n));
         g_cap = g_buf ? n : 0;
     }
     return g_buf;
 }
+
+/* Index of a supported group size (32, 64, 128). */
+static int gs_index(int gs) { return gs == 32 ? 0 : gs == 64 ? 1 : 2; }
 
 void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float *out)
 {
@@ -55,47 +62,59 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
     const int k = r->k;
     const int64_t D = ex->d_model, F = ex->d_ff;
     const int nth = mx_threads();
-    /* per-thread: xsum (D/32 floats covers any group size >= 32), hsum for
-     * k experts (k*F/32), row buffer (D) */
-    const size_t per_thread = (size_t)(D / 32 + k * (F / 32) + D + 64);
-    float *buf = scratch((size_t)(2 * k * F) + per_thread * (size_t)nth);
+    /* x is prepared once per group size used by the gate/up matrices and
+     * each h_j once (below), however the rows are split over threads */
+    size_t xoff[3] = { 0, 0, 0 }, hoff[MX_MAX_TOPK], n = al64((size_t)(2 * k * F) * sizeof(float));
+    int need[3] = { 0, 0, 0 };
+    for (int j = 0; j < k; j++) {
+        need[gs_index(ex->gate[r->idx[j]].q.group_size)] = 1;
+        need[gs_index(ex->up[r->idx[j]].q.group_size)] = 1;
+    }
+    for (int i = 0; i < 3; i++)
+        if (need[i]) {
+            xoff[i] = n;
+            n += al64(kern->prep_bytes(D, 32 << i));
+        }
+    for (int j = 0; j < k; j++) {
+        hoff[j] = n;
+        n += al64(kern->prep_bytes(F, ex->down[r->idx[j]].q.group_size));
+    }
+    const size_t rowoff = n, per_thread = al64((size_t)D * sizeof(float));
+    unsigned char *buf = scratch(n + per_thread * (size_t)nth);
     if (!buf) {
         /* Out of memory for scratch: fall back to the gather path, which
          * reports its own errors. */
         mx_moe_gather(ex, r, x, 1, out, NULL);
         return;
     }
-    float *h = buf, *u = buf + k * F;
+    float *h = (float *)(void *)buf, *u = h + k * F;
+    for (int i = 0; i < 3; i++)
+        if (need[i])
+            kern->prep(x, D, 32 << i, buf + xoff[i]);
 
 #pragma omp parallel num_threads(nth)
     {
         const int ith = omp_get_thread_num(), nt = omp_get_num_threads();
-        float *mine = buf + 2 * k * F + per_thread * (size_t)ith;
-        float *xsum = mine, *hsum = mine + D / 32, *row = hsum + k * (F / 32);
+        float *row = (float *)(void *)(buf + rowoff + per_thread * (size_t)ith);
 
         /* ---- phase 1: gate and up rows of all k experts ---------------- */
         long lo, hi;
         mx_split((long)k * F, ith, nt, &lo, &hi);
-        int xsum_gs = 0;
         for (int j = 0; j < k && lo < hi; j++) {
             int64_t a = j * F, b = a + F;
             if (hi <= a || lo >= b)
                 continue;
             int64_t r0 = (lo > a ? lo : a) - a, r1 = (hi < b ? hi : b) - a;
             const mx_qmat *G = &ex->gate[r->idx[j]].q, *U = &ex->up[r->idx[j]].q;
-            if (G->group_size != xsum_gs) {
-                mx_group_sums(x, D, G->group_size, xsum);
-                xsum_gs = G->group_size;
-            }
-            kern->matvec_rows(G, x, xsum, h + a + r0, r0, r1);
-            if (U->group_size != xsum_gs) {
-                mx_group_sums(x, D, U->group_size, xsum);
-                xsum_gs = U->group_size;
-            }
-            kern->matvec_rows(U, x, xsum, u + a + r0, r0, r1);
+            kern->matvec_rows(G, x, buf + xoff[gs_index(G->group_size)], h + a + r0, r0, r1);
+            kern->matvec_rows(U, x, buf + xoff[gs_index(U->group_size)], u + a + r0, r0, r1);
             for (int64_t i = a + r0; i < a + r1; i++)
                 h[i] = mx_silu(h[i]) * u[i];
         }
+#pragma omp barrier
+        /* ---- each h_j prepared once, experts spread over the threads ---- */
+        for (int j = ith; j < k; j += nt)
+            kern->prep(h + j * F, F, ex->down[r->idx[j]].q.group_size, buf + hoff[j]);
 #pragma omp barrier
         /* ---- phase 2: down rows, router weight folded in --------------- */
         mx_split((long)D, ith, nt, &lo, &hi);
@@ -104,9 +123,7 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
             memset(o, 0, sizeof *o * (size_t)(hi - lo));
             for (int j = 0; j < k; j++) {
                 const mx_qmat *Dn = &ex->down[r->idx[j]].q;
-                float *hs = hsum + j * (F / 32);
-                mx_group_sums(h + j * F, F, Dn->group_size, hs);
-                kern->matvec_rows(Dn, h + j * F, hs, row, lo, hi);
+                kern->matvec_rows(Dn, h + j * F, buf + hoff[j], row, lo, hi);
                 const float w = r->w[j];
                 for (long i = 0; i < hi - lo; i++)
                     o[i] += w * row[i];

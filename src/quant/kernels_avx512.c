@@ -165,9 +165,10 @@ static void mv_generic(const mx_qmat *m, const float *x, const float *xsum, floa
     }
 }
 
-static void matvec_rows_avx512(const mx_qmat *m, const float *x, const float *xsum,
+static void matvec_rows_avx512(const mx_qmat *m, const float *x, const void *xp,
                                float *y, int64_t r0, int64_t r1)
 {
+    const float *xsum = xp;   /* prep: the group sums */
     if (m->bits == 4)
         mv_pow2(m, x, xsum, y, r0, r1, 4);
     else if (m->bits == 8)
@@ -271,6 +272,8 @@ static void matmul_rows_avx512(const mx_qmat *m, const float *X, int64_t ldx, in
 
 const mx_qkernels mx_qk_avx512 = {
     .name = "avx512",
+    .prep_bytes = mx_q_sums_bytes,
+    .prep = mx_q_sums_prep,
     .matvec_rows = matvec_rows_avx512,
     .matmul_rows = matmul_rows_avx512,
 };
@@ -279,7 +282,7 @@ const mx_qkernels mx_qk_avx512 = {
 /* Built without the AVX-512 flags (not through CMake): keep the symbol so the
  * table links, and run the reference code. */
 #include "quant/qint.h"
-static void mv_ref(const mx_qmat *m, const float *x, const float *xs, float *y, int64_t a, int64_t b)
+static void mv_ref(const mx_qmat *m, const float *x, const void *xs, float *y, int64_t a, int64_t b)
 {
     mx_qk_scalar.matvec_rows(m, x, xs, y, a, b);
 }
@@ -288,7 +291,8 @@ static void mm_ref(const mx_qmat *m, const float *X, int64_t ldx, int64_t T, flo
 {
     mx_qk_scalar.matmul_rows(m, X, ldx, T, Y, ldy, a, b);
 }
-const mx_qkernels mx_qk_avx512 = { .name = "avx512", .matvec_rows = mv_ref, .matmul_rows = mm_ref };
+const mx_qkernels mx_qk_avx512 = { .name = "avx512", .prep_bytes = mx_q_sums_bytes,
+                                  .prep = mx_q_sums_prep, .matvec_rows = mv_ref, .matmul_rows = mm_ref };
 #else
 typedef int mx_kernels_avx512_unused;
 #endif

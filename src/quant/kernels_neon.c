@@ -32,9 +32,10 @@ static inline float dot_f(const float *w, const float *x, int64_t n)
     return vaddvq_f32(vaddq_f32(a0, a1));
 }
 
-static void matvec_rows_neon(const mx_qmat *m, const float *x, const float *xsum,
+static void matvec_rows_neon(const mx_qmat *m, const float *x, const void *xp,
                              float *y, int64_t r0, int64_t r1)
 {
+    const float *xsum = xp;   /* prep: the group sums */
     int gs = m->group_size;
     int64_t ng = mx_qmat_groups(m);
     uint8_t q[128];
@@ -69,6 +70,8 @@ static void matmul_rows_neon(const mx_qmat *m, const float *X, int64_t ldx, int6
 
 const mx_qkernels mx_qk_neon = {
     .name = "neon",
+    .prep_bytes = mx_q_sums_bytes,
+    .prep = mx_q_sums_prep,
     .matvec_rows = matvec_rows_neon,
     .matmul_rows = matmul_rows_neon,
 };

@@ -4,9 +4,10 @@
 #include "quant/qint.h"
 
 /* y[r - r0] = sum_g s_g * sum_{c in g} q[r][c] x[c] + b_g * xsum[g] */
-static void matvec_rows_scalar(const mx_qmat *m, const float *x, const float *xsum,
+static void matvec_rows_scalar(const mx_qmat *m, const float *x, const void *xp,
                                float *y, int64_t r0, int64_t r1)
 {
+    const float *xsum = xp;   /* prep: the group sums */
     int gs = m->group_size;
     int64_t ng = mx_qmat_groups(m);
     uint8_t q[128];
@@ -53,6 +54,8 @@ static void matmul_rows_scalar(const mx_qmat *m, const float *X, int64_t ldx, in
 
 const mx_qkernels mx_qk_scalar = {
     .name = "scalar",
+    .prep_bytes = mx_q_sums_bytes,
+    .prep = mx_q_sums_prep,
     .matvec_rows = matvec_rows_scalar,
     .matmul_rows = matmul_rows_scalar,
 };

@@ -1,6 +1,6 @@
 /* qint.h - internals shared by the quant kernel files (not a public API).
  *
- * Every kernel variant (scalar, avx2, avx512, neon) is one mx_qkernels table
+ * Every kernel variant (scalar, avx2, avx512, avx512vnni, neon) is one mx_qkernels table
  * defined in its own file; quant.c picks one at run time.  The helpers here
  * are the scalar definitions of the format that all variants agree with. */
 #ifndef MX_QINT_H
@@ -16,6 +16,10 @@ extern const mx_qkernels mx_qk_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const mx_qkernels mx_qk_avx2;
 extern const mx_qkernels mx_qk_avx512;
+extern const mx_qkernels mx_qk_avx512vnni;
+/* 0 when kernels_vnni.c was compiled without the VNNI flags (then the
+ * variant is never offered). */
+extern const int mx_qk_avx512vnni_built;
 #endif
 #if defined(__aarch64__)
 extern const mx_qkernels mx_qk_neon;
@@ -65,6 +69,10 @@ static inline void mx_q_unpack(const uint8_t *row, int bits, int64_t k0, int n, 
             q[i + j] = (uint8_t)((v >> (j * bits)) & mask);
     }
 }
+
+/* The prepared x of the float variants: the group sums (mx_group_sums). */
+size_t mx_q_sums_bytes(int64_t cols, int group_size);
+void mx_q_sums_prep(const float *x, int64_t cols, int group_size, void *buf);
 
 /* Dequantizes values [k0, k0+n) of row r (k0, n multiples of the group size)
  * with the generic unpacker; used by SIMD variants for uncommon bit widths. */

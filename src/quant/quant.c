@@ -202,12 +202,22 @@ void mx_group_sums(const float *x, int64_t cols, int group_size, float *out)
     }
 }
 
+size_t mx_q_sums_bytes(int64_t cols, int group_size)
+{
+    return (size_t)(cols / group_size) * sizeof(float);
+}
+
+void mx_q_sums_prep(const float *x, int64_t cols, int group_size, void *buf)
+{
+    mx_group_sums(x, cols, group_size, buf);
+}
+
 /* ---- run-time kernel selection ----------------------------------------- */
 
 static const char *const g_names[] = {
     "scalar",
 #if defined(__x86_64__) || defined(__i386__)
-    "avx2", "avx512",
+    "avx2", "avx512", "avx512vnni",
 #endif
 #if defined(__aarch64__)
     "neon",
@@ -238,10 +248,13 @@ const mx_qkernels *mx_qkernels_get(const char *name)
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_f16c();
     if (!strcmp(name, "avx2"))
         return avx2 ? &mx_qk_avx2 : NULL;
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     if (!strcmp(name, "avx512"))
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
-                   ? &mx_qk_avx512 : NULL;
+        return avx512 ? &mx_qk_avx512 : NULL;
+    if (!strcmp(name, "avx512vnni"))
+        return avx512 && mx_qk_avx512vnni_built && __builtin_cpu_supports("avx512vnni")
+                   ? &mx_qk_avx512vnni : NULL;
 #endif
 #if defined(__aarch64__)
     if (!strcmp(name, "neon"))
@@ -254,7 +267,7 @@ static const mx_qkernels *best(void)
 {
     const mx_qkernels *k = NULL;
 #if defined(__x86_64__) || defined(__i386__)
-    if (!(k = mx_qkernels_get("avx512")))
+    if (!(k = mx_qkernels_get("avx512vnni")) && !(k = mx_qkernels_get("avx512")))
         k = mx_qkernels_get("avx2");
 #elif defined(__aarch64__)
     k = mx_qkernels_get("neon");
@@ -327,7 +340,7 @@ static void chunk_range(int64_t rows, int ith, int nth, int64_t *r0, int64_t *r1
     *r1 = hi * MX_ROW_CHUNK < rows ? hi * MX_ROW_CHUNK : rows;
 }
 
-/* Slow path for when no xsum buffer can be had (out of memory). */
+/* Slow path for when no prep buffer can be had (out of memory). */
 static void matvec_direct(const mx_qmat *m, const float *x, float *y)
 {
     for (int64_t r = 0; r < m->rows; r++) {
@@ -341,17 +354,18 @@ static void matvec_direct(const mx_qmat *m, const float *x, float *y)
 void mx_qmatvec(const mx_qmat *m, const float *x, float *y)
 {
     const mx_qkernels *k = mx_qkernels_active();
-    int64_t ng = mx_qmat_groups(m);
-    float stackbuf[2048];
-    float *xsum = ng <= 2048 ? stackbuf : malloc((size_t)ng * sizeof *xsum);
-    if (!xsum) {
+    /* x is prepared once, then shared by all threads' row ranges */
+    _Alignas(64) unsigned char stackbuf[32768];
+    size_t nb = k->prep_bytes(m->cols, m->group_size);
+    void *xp = nb <= sizeof stackbuf ? (void *)stackbuf : aligned_alloc(64, (nb + 63) & ~(size_t)63);
+    if (!xp) {
         matvec_direct(m, x, y);
         return;
     }
-    mx_group_sums(x, m->cols, m->group_size, xsum);
+    k->prep(x, m->cols, m->group_size, xp);
     int nth = threads_for(m->rows, (double)m->rows * (double)m->cols);
     if (nth == 1) {
-        k->matvec_rows(m, x, xsum, y, 0, m->rows);
+        k->matvec_rows(m, x, xp, y, 0, m->rows);
     } else {
 #pragma omp parallel num_threads(nth)
         {
@@ -359,11 +373,11 @@ void mx_qmatvec(const mx_qmat *m, const float *x, float *y)
             int64_t r0, r1;
             chunk_range(m->rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
             if (r1 > r0)
-                k->matvec_rows(m, x, xsum, y + r0, r0, r1);
+                k->matvec_rows(m, x, xp, y + r0, r0, r1);
         }
     }
-    if (xsum != stackbuf)
-        free(xsum);
+    if (xp != (void *)stackbuf)
+        free(xp);
 }
 
 void mx_qmatmul(const mx_qmat *m, const float *X, int64_t T, float *Y)

@@ -12,8 +12,8 @@
  *   qmatmul  Y = X W^T        T tokens (prefill)
  *   embed    one dequantized row (embedding lookup)
  * Because W·x over a group = s * sum(q*x) + b * sum(x), kernels take the
- * per-group sums of x (mx_group_sums) so the bias term costs one FMA per group
- * instead of one per weight. */
+ * per-group sums of x (mx_group_sums, part of every variant's prepared x) so
+ * the bias term costs one FMA per group instead of one per weight. */
 #ifndef MX_QUANT_H
 #define MX_QUANT_H
 
@@ -74,12 +74,23 @@ void mx_group_sums(const float *x, int64_t cols, int group_size, float *out);
 /* ---- kernels ---------------------------------------------------------- */
 
 /* One implementation of the kernels.  All work on a row range so callers
- * (threaded wrappers, the fused MoE kernel) decide the split. */
+ * (threaded wrappers, the fused MoE kernel) decide the split.
+ *
+ * A matvec input x is prepared ONCE (prep) and the prepared form is shared
+ * by every matvec_rows call on matrices with the same cols and group_size,
+ * whatever row ranges and threads they use: the float variants prepare the
+ * group sums of x, the integer variant also quantizes x to int8 pairs. */
 typedef struct mx_qkernels {
-    const char *name;      /* "scalar", "avx2", "avx512", "neon" */
-    /* y[r - r0] = sum_c W[r][c] x[c] for r in [r0, r1).  xsum from
-     * mx_group_sums(x, cols, group_size). */
-    void (*matvec_rows)(const mx_qmat *m, const float *x, const float *xsum,
+    const char *name;      /* "scalar", "avx2", "avx512", "avx512vnni", "neon" */
+    /* Bytes of the prepared form of an x of `cols` values (a multiple of
+     * group_size). */
+    size_t (*prep_bytes)(int64_t cols, int group_size);
+    /* Writes the prepared form of x into buf (prep_bytes(cols, group_size)
+     * bytes, aligned to at least 16; 64 is best). */
+    void (*prep)(const float *x, int64_t cols, int group_size, void *buf);
+    /* y[r - r0] = sum_c W[r][c] x[c] for r in [r0, r1).  xp is the buffer
+     * that prep(x, m->cols, m->group_size, xp) filled. */
+    void (*matvec_rows)(const mx_qmat *m, const float *x, const void *xp,
                         float *y, int64_t r0, int64_t r1);
     /* Y[t*ldy + r] = sum_c W[r][c] X[t*ldx + c] for t < T, r in [r0, r1). */
     void (*matmul_rows)(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
@@ -87,7 +98,7 @@ typedef struct mx_qkernels {
 } mx_qkernels;
 
 /* The variant in use: best the CPU supports, or MLXCEL_KERNEL=scalar|avx2|
- * avx512|neon when set (falls back to the best with a warning if unsupported). */
+ * avx512|avx512vnni|neon when set (falls back to the best with a warning if unsupported). */
 const mx_qkernels *mx_qkernels_active(void);
 /* A named variant, or NULL when unknown or the CPU cannot run it. */
 const mx_qkernels *mx_qkernels_get(const char *name);

@@ -1,0 +1,456 @@
+/* kernels_vnni.c - AVX-512 VNNI integer kernels ("avx512vnni").
+ *
+ * vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each run
+ * of four products into a 32-bit lane: 64 multiply-adds per instruction
+ * against 16 for a float FMA.  Weights are already small unsigned integers
+ * (q = 0..15 for 4 bits, 0..255 for 8), so only x has to become integer.
+ * Plain int8 x (llama.cpp's Q8) loses too much (~0.4% per value), so x is
+ * quantized to 16 bits per group of the weight's group size and split into
+ * two signed bytes:
+ *     x[c] ~= dx_g * x16[c],  x16 = 256*xh + xl,  xh, xl in int8
+ *     sum_c q[c] x[c] ~= dx_g * (256 * sum q*xh + sum q*xl)
+ * |x16| <= 32000 = amax_g/dx_g, so the error per value is <= dx_g/2, about
+ * 1.6e-5 of the group's largest |x|: relative errors of a dot product stay
+ * near 1e-5 (see tests/test_quant.c).  Both sums are one vpdpbusd each; the
+ * high one is shifted left by 8 in the integer accumulator before the low one
+ * is added, so a block costs one int->float conversion and one FMA by the
+ * per-lane scale s_g * dx_g.  The bias term b_g * sum(x) uses the exact float
+ * group sums, as in the float variants.
+ *
+ * matvec (decode): x is prepared once per vector (prep_vnni) into the order
+ * that makes the inner loop loads + AND/shift + vpdpbusd:
+ *   8 bits: 64-value blocks in natural order (weight byte j = value j);
+ *   4 bits: 128-value blocks, even values then odd values (weight byte j
+ *           holds value 2j in its low nibble and 2j+1 in its high nibble),
+ *           so `v & 15` and `(v >> 4) & 15` pair with the two halves.
+ * Either way a 32-bit lane covers 4 (8 bits) or 8 (4 bits) consecutive
+ * values, never two groups, so the group scale is a per-lane vector.
+ * 2, 3, 5 and 6 bits use the float avx512 kernels (prep starts with the same
+ * group sums they expect).
+ *
+ * matmul (prefill): each call quantizes its T rows of X the same way (natural
+ * order), unpacks a tile of RB rows x KC columns of weights to bytes once,
+ * transposed so that a 32-bit lane holds 4 consecutive values of one row,
+ * and reuses it for all tokens: per 4 columns, one broadcast of 4 bytes of x
+ * and RB/16 vpdpbusd per token accumulate whole output rows (lanes = rows),
+ * with the group scale applied once per group and no horizontal sums. */
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VNNI__) && defined(__AVX2__)
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "quant/qint.h"
+
+const int mx_qk_avx512vnni_built = 1;
+
+/* |x24| bound: x24 = 65536*xh + 256*xm + xl with xm, xl in [-128, 127]
+ * keeps xh in [-123, 123] (below 2^23, so x * (XQ_MAX / amax) rounds to an
+ * integer within 1 of the exact quotient). */
+#define XQ_MAX 8000000.0f
+
+/* ---- activation quantization ----------------------------------------- */
+
+static inline size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Quantizes one group of gs values (a multiple of 16) into natural-order
+ * high/middle/low bytes; returns dx.  A group that is all zero gets dx = 0;
+ * a non-finite one gets dx = amax (Inf/NaN), so the result is not finite
+ * either, as with the float kernels. */
+static float quant_group(const float *x, int gs, int8_t *h, int8_t *md, int8_t *l)
+{
+    __m512 mx = _mm512_setzero_ps();
+    for (int j = 0; j < gs; j += 16)
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+    float amax = _mm512_reduce_max_ps(mx);
+    for (int j = 0; j < gs; j += 16)      /* NaN never wins max_ps: look again */
+        if (_mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), _mm512_loadu_ps(x + j), _CMP_UNORD_Q))
+            amax = NAN;
+    int finite = amax < INFINITY;
+    float inv = finite && amax > 0 ? XQ_MAX / amax : 0.0f;
+    __m512 vi = _mm512_set1_ps(inv);
+    const __m512i r128 = _mm512_set1_epi32(128);
+    for (int j = 0; j < gs; j += 16) {
+        /* round to nearest (the default MXCSR mode), then split off bytes
+         * from the bottom: each is the remainder in [-128, 127] */
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j), vi));
+        __m512i vu = _mm512_srai_epi32(_mm512_add_epi32(v, r128), 8);
+        __m512i vl = _mm512_sub_epi32(v, _mm512_slli_epi32(vu, 8));
+        __m512i vh = _mm512_srai_epi32(_mm512_add_epi32(vu, r128), 8);
+        __m512i vm = _mm512_sub_epi32(vu, _mm512_slli_epi32(vh, 8));
+        _mm_storeu_si128((__m128i *)(h + j), _mm512_cvtepi32_epi8(vh));
+        _mm_storeu_si128((__m128i *)(md + j), _mm512_cvtepi32_epi8(vm));
+        _mm_storeu_si128((__m128i *)(l + j), _mm512_cvtepi32_epi8(vl));
+    }
+    return finite ? amax / XQ_MAX : amax;
+}
+
+/* The prepared x of matvec:
+ *   xsum[ng] f32   group sums (first: the float fallbacks read only these)
+ *   dx[ng]   f32   group steps
+ *   x8       per 64-value block: 64 high, 64 middle, 64 low bytes (natural
+ *            order)
+ *   x4       per 128-value block: even values' high bytes, odd values' high
+ *            bytes, even middle, odd middle, even low, odd low (64 each)
+ * Blocks past the end are zero-padded. */
+typedef struct vlayout {
+    float *xsum, *dx;
+    int8_t *x8, *x4;
+} vlayout;
+
+static void layout(const void *buf, int64_t cols, int gs, vlayout *L)
+{
+    int64_t ng = cols / gs;
+    uint8_t *p = (uint8_t *)(uintptr_t)buf;
+    L->xsum = (float *)p;
+    p += al64((size_t)ng * 4);
+    L->dx = (float *)p;
+    p += al64((size_t)ng * 4);
+    L->x8 = (int8_t *)p;
+    p += 192 * (size_t)((cols + 63) / 64);
+    L->x4 = (int8_t *)p;
+}
+
+static size_t prep_bytes_vnni(int64_t cols, int gs)
+{
+    int64_t ng = cols / gs;
+    return 2 * al64((size_t)ng * 4) + 192 * (size_t)((cols + 63) / 64) +
+           384 * (size_t)((cols + 127) / 128);
+}
+
+/* 32 bytes of consecutive values -> 16 even-position bytes (low half) and 16
+ * odd-position bytes (high half). */
+static inline __m256i deinterleave(__m256i v)
+{
+    const __m256i sh = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, sh), 0xd8);
+}
+
+static void prep_vnni(const float *x, int64_t cols, int gs, void *buf)
+{
+    vlayout L;
+    layout(buf, cols, gs, &L);
+    int64_t ng = cols / gs;
+    mx_group_sums(x, cols, gs, L.xsum);
+    int64_t n8 = (cols + 63) / 64, n4 = (cols + 127) / 128;
+    memset(L.x8 + (n8 - 1) * 192, 0, 192);   /* padding of the last blocks */
+    memset(L.x4 + (n4 - 1) * 384, 0, 384);
+    _Alignas(64) int8_t q[3][128];
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * gs;
+        L.dx[g] = quant_group(x + c0, gs, q[0], q[1], q[2]);
+        for (int j = 0; j < gs; j += 32) {
+            int64_t c = c0 + j;
+            int8_t *d8 = L.x8 + (c / 64) * 192 + c % 64;
+            int8_t *d4 = L.x4 + (c / 128) * 384 + (c % 128) / 2;
+            for (int lv = 0; lv < 3; lv++) {
+                /* 8-bit layout: natural order inside 64-value blocks */
+                memcpy(d8 + 64 * lv, q[lv] + j, 32);
+                /* 4-bit layout: 32 values -> 16 even + 16 odd */
+                __m256i e = deinterleave(_mm256_loadu_si256((const __m256i *)(q[lv] + j)));
+                _mm_storeu_si128((__m128i *)(d4 + 128 * lv), _mm256_castsi256_si128(e));
+                _mm_storeu_si128((__m128i *)(d4 + 128 * lv + 64), _mm256_extracti128_si256(e, 1));
+            }
+        }
+    }
+}
+
+/* ---- scales ------------------------------------------------------------ */
+
+/* Up to 16 scale (or bias) values starting at element i, as f32; lanes past
+ * `gm` are zero. */
+static inline __m512 load16_s(const void *p, mx_dtype t, int64_t i, __mmask16 gm)
+{
+    if (t == MX_F16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, (const uint16_t *)p + i));
+    if (t == MX_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(gm, (const uint16_t *)p + i)), 16));
+    return _mm512_maskz_loadu_ps(gm, (const float *)p + i);
+}
+
+static inline __mmask16 mask16(int64_t n) /* first min(n, 16) lanes */
+{
+    return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+
+/* ---- matvec -------------------------------------------------------------- */
+
+/* Columns per pass: a row's scale vector for at most XCH/32 groups lives on
+ * the stack. */
+#define XCH 8192
+
+/* 4 or 8 bits.  A 64-byte block holds epb = 64*8/bits values; 32-bit lane i
+ * covers 4 bytes = 32/bits consecutive values, so lanes per group
+ * lpg = gs*bits/32, and the lane's group scale (s_g * dx_g, per row) is a
+ * broadcast (lpg >= 16) or a permute of the row's scale array. */
+static inline __attribute__((always_inline)) void
+mv_int(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, const int bits)
+{
+    const int epb = 64 * 8 / bits, gs = m->group_size, lpg = gs * bits / 32;
+    const int xbs = bits == 4 ? 384 : 192;           /* prepared bytes per block */
+    const int8_t *xq = bits == 4 ? L->x4 : L->x8;
+    const int64_t ng = mx_qmat_groups(m), rb = mx_qmat_row_bytes(m);
+    const int lg = lpg >= 16 ? 16 : lpg;
+    const __m512i idx = _mm512_set_epi32(15 / lg, 14 / lg, 13 / lg, 12 / lg, 11 / lg, 10 / lg,
+                                         9 / lg, 8 / lg, 7 / lg, 6 / lg, 5 / lg, 4 / lg,
+                                         3 / lg, 2 / lg, 1 / lg, 0);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    _Alignas(64) float sc[XCH / 32 + 16];
+    for (int64_t c0 = 0; c0 < m->cols; c0 += XCH) {
+        int n = (int)(m->cols - c0 < XCH ? m->cols - c0 : XCH);      /* multiple of gs */
+        int ngc = n / gs, nfull = n / epb, nblk = (n + epb - 1) / epb;
+        int tailb = (n - nfull * epb) * bits / 8;                     /* bytes */
+        __mmask64 tm = tailb ? ((__mmask64)1 << tailb) - 1 : 0;
+        const int8_t *xc = xq + (c0 / epb) * xbs;
+        const float *dx = L->dx + c0 / gs, *xs = L->xsum + c0 / gs;
+        for (int g = ngc; g < ngc + 16; g++)
+            sc[g] = 0;          /* padding lanes multiply zero sums: keep them finite */
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wp = m->w + r * rb + c0 * bits / 8;
+            int64_t g0 = r * ng + c0 / gs;
+            /* per-lane scales s_g * dx_g; bias term as a dot with the sums */
+            __m512 bacc = _mm512_setzero_ps();
+            for (int g = 0; g < ngc; g += 16) {
+                __mmask16 gm = mask16(ngc - g);
+                __m512 s16 = load16_s(m->scales, m->sdtype, g0 + g, gm);
+                __m512 b16 = load16_s(m->biases, m->sdtype, g0 + g, gm);
+                _mm512_mask_storeu_ps(sc + g, gm, _mm512_mul_ps(s16, _mm512_maskz_loadu_ps(gm, dx + g)));
+                bacc = _mm512_fmadd_ps(b16, _mm512_maskz_loadu_ps(gm, xs + g), bacc);
+            }
+            /* high and middle bytes: sa = 256*sum q*xh + sum q*xm (fits
+             * in 32 bits); low bytes: sl; y = dx*(256*sa + sl) per group */
+            __m512 acca = _mm512_setzero_ps(), accl = _mm512_setzero_ps();
+            for (int b = 0; b < nblk; b++) {
+                __m512i v = b < nfull ? _mm512_loadu_si512(wp + 64 * b)
+                                      : _mm512_maskz_loadu_epi8(tm, wp + 64 * b);
+                const int8_t *xb = xc + b * xbs;
+                __m512i sa = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
+                if (bits == 4) {
+                    __m512i q0 = _mm512_and_si512(v, nib);
+                    __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb));
+                    sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 64));
+                    sl = _mm512_dpbusd_epi32(sl, q0, _mm512_loadu_si512(xb + 256));
+                    sl = _mm512_dpbusd_epi32(sl, q1, _mm512_loadu_si512(xb + 320));
+                    sa = _mm512_slli_epi32(sa, 8);
+                    sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb + 128));
+                    sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 192));
+                } else {
+                    sa = _mm512_dpbusd_epi32(sa, v, _mm512_loadu_si512(xb));
+                    sl = _mm512_dpbusd_epi32(sl, v, _mm512_loadu_si512(xb + 128));
+                    sa = _mm512_slli_epi32(sa, 8);
+                    sa = _mm512_dpbusd_epi32(sa, v, _mm512_loadu_si512(xb + 64));
+                }
+                __m512 sv = lpg >= 16 ? _mm512_set1_ps(sc[b * epb / gs])
+                                      : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sc + b * epb / gs));
+                acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);
+                accl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, accl);
+            }
+            float yr = 256.0f * _mm512_reduce_add_ps(acca) + _mm512_reduce_add_ps(accl) +
+                       _mm512_reduce_add_ps(bacc);
+            y[r - r0] = c0 == 0 ? yr : y[r - r0] + yr;
+        }
+    }
+}
+
+static void matvec_rows_vnni(const mx_qmat *m, const float *x, const void *xp,
+                             float *y, int64_t r0, int64_t r1)
+{
+    vlayout L;
+    layout(xp, m->cols, m->group_size, &L);
+    if (m->bits == 4)
+        mv_int(m, &L, y, r0, r1, 4);
+    else if (m->bits == 8)
+        mv_int(m, &L, y, r0, r1, 8);
+    else
+        mx_qk_avx512.matvec_rows(m, x, L.xsum, y, r0, r1);
+}
+
+/* ---- matmul -------------------------------------------------------------- */
+
+#define RB 32            /* weight rows per tile: 2 zmm of 16 lanes */
+#define KC 512           /* columns per tile: 16 KB of bytes */
+#define TB 12            /* tokens per register block: 24 int accumulators */
+
+/* X quantized per token: high/middle/low bytes in natural order, group
+ * steps and exact group sums. */
+typedef struct xquant {
+    int8_t *h, *m, *l;   /* [T][cols] */
+    float *dx, *xs;      /* [T][ng] */
+} xquant;
+
+/* Values [k0, k0+n) of row r as bytes (n a multiple of 32). */
+static void unpack_row(const mx_qmat *m, int64_t r, int64_t k0, int n, uint8_t *q)
+{
+    const uint8_t *row = mx_q_row_ptr(m, r);
+    if (m->bits == 8) {
+        memcpy(q, row + k0, (size_t)n);
+    } else if (m->bits == 4) {
+        const __m128i nib = _mm_set1_epi8(0x0f);
+        for (int i = 0; i < n; i += 32) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(row + (k0 + i) / 2));
+            __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+            _mm_storeu_si128((__m128i *)(q + i), _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128((__m128i *)(q + i + 16), _mm_unpackhi_epi8(lo, hi));
+        }
+    } else {
+        mx_q_unpack(row, m->bits, k0, n, q);
+    }
+}
+
+/* a[j] += sum over one group's columns of tile x byte level `xb` of token j:
+ * per 4 columns, one 4-byte broadcast of x and two vpdpbusd (32 rows). */
+static inline __attribute__((always_inline)) void
+dot_level(const uint8_t *tg, const int8_t *xb, int64_t cols, int gs, __m512i *a0, __m512i *a1,
+          const int nt)
+{
+    for (int k = 0; k < gs; k += 4) {
+        __m512i w0 = _mm512_load_si512(tg + k * RB);
+        __m512i w1 = _mm512_load_si512(tg + k * RB + 64);
+        for (int j = 0; j < nt; j++) {
+            int32_t x4;
+            memcpy(&x4, xb + j * cols + k, 4);
+            __m512i xv = _mm512_set1_epi32(x4);
+            a0[j] = _mm512_dpbusd_epi32(a0[j], w0, xv);
+            a1[j] = _mm512_dpbusd_epi32(a1[j], w1, xv);
+        }
+    }
+}
+
+/* Y[t][rows] (+)= the contribution of one tile's groups for nt tokens.
+ * tile: [kc/4][RB] 32-bit lanes; ts/tb: [groups][RB] scales and biases.
+ * Per group: a = 256*sum q*xh + sum q*xm, then l = sum q*xl, each added to
+ * Y with its scale (256*s*dx, s*dx), and the bias term b * sum(x). */
+static inline __attribute__((always_inline)) void
+tile_tokens(const uint8_t *tile, const float *ts, const float *tb, int kc, int gs,
+            const xquant *xq, int64_t cols, int64_t k0, int64_t t0, float *Y, int64_t ldy,
+            __mmask16 m0, __mmask16 m1, int first, const int nt)
+{
+    const int64_t ng = cols / gs;
+    for (int g = 0; g < kc / gs; g++) {
+        const uint8_t *tg = tile + (size_t)g * gs * RB;      /* gs/4 steps of RB*4 bytes */
+        const int64_t xo = t0 * cols + k0 + g * gs, gi = (k0 + g * gs) / gs;
+        __m512 s0 = _mm512_load_ps(ts + g * RB), s1 = _mm512_load_ps(ts + g * RB + 16);
+        for (int part = 0; part < 2; part++) {
+            __m512i a0[TB], a1[TB];
+            for (int j = 0; j < nt; j++)
+                a0[j] = a1[j] = _mm512_setzero_si512();
+            if (part == 0) {
+                dot_level(tg, xq->h + xo, cols, gs, a0, a1, nt);
+                for (int j = 0; j < nt; j++) {
+                    a0[j] = _mm512_slli_epi32(a0[j], 8);
+                    a1[j] = _mm512_slli_epi32(a1[j], 8);
+                }
+                dot_level(tg, xq->m + xo, cols, gs, a0, a1, nt);
+            } else {
+                dot_level(tg, xq->l + xo, cols, gs, a0, a1, nt);
+            }
+            __m512 b0 = _mm512_load_ps(tb + g * RB), b1 = _mm512_load_ps(tb + g * RB + 16);
+            for (int j = 0; j < nt; j++) {
+                float *yj = Y + (t0 + j) * ldy;
+                float dxj = xq->dx[(t0 + j) * ng + gi];
+                __m512 d = _mm512_set1_ps(part ? dxj : 256.0f * dxj);
+                int fresh = first && g == 0 && part == 0;
+                __m512 y0 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, yj);
+                __m512 y1 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, yj + 16);
+                y0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_mul_ps(s0, d), y0);
+                y1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_mul_ps(s1, d), y1);
+                if (part) {
+                    __m512 xs = _mm512_set1_ps(xq->xs[(t0 + j) * ng + gi]);
+                    y0 = _mm512_fmadd_ps(b0, xs, y0);
+                    y1 = _mm512_fmadd_ps(b1, xs, y1);
+                }
+                _mm512_mask_storeu_ps(yj, m0, y0);
+                _mm512_mask_storeu_ps(yj + 16, m1, y1);
+            }
+        }
+    }
+}
+
+static void matmul_rows_vnni(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
+                             float *Y, int64_t ldy, int64_t r0, int64_t r1)
+{
+    const int64_t cols = m->cols, ng = mx_qmat_groups(m);
+    const int gs = m->group_size;
+    /* T rows of X, quantized once per call */
+    size_t nx = (size_t)(T * cols), ns = (size_t)(T * ng);
+    uint8_t *mem = malloc(3 * nx + 2 * ns * sizeof(float) + 64);
+    if (!mem) {
+        mx_qk_avx512.matmul_rows(m, X, ldx, T, Y, ldy, r0, r1);   /* no memory: float path */
+        return;
+    }
+    xquant xq = { .dx = (float *)mem, .xs = (float *)mem + ns };
+    xq.h = (int8_t *)(mem + 2 * ns * sizeof(float));
+    xq.m = xq.h + nx;
+    xq.l = xq.m + nx;
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = X + t * ldx;
+        mx_group_sums(xt, cols, gs, xq.xs + t * ng);
+        for (int64_t g = 0; g < ng; g++)
+            xq.dx[t * ng + g] = quant_group(xt + g * gs, gs, xq.h + t * cols + g * gs,
+                                            xq.m + t * cols + g * gs, xq.l + t * cols + g * gs);
+    }
+
+    _Alignas(64) uint8_t tile[KC * RB];
+    _Alignas(64) uint8_t rowq[KC];
+    _Alignas(64) float ts[KC / 32 * RB], tb[KC / 32 * RB];
+    for (int64_t rt = r0; rt < r1; rt += RB) {
+        int nr = (int)(r1 - rt < RB ? r1 - rt : RB);
+        __mmask16 m0 = mask16(nr), m1 = mask16(nr > 16 ? nr - 16 : 0);
+        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+            int kc = (int)(cols - k0 < KC ? cols - k0 : KC);   /* multiple of gs */
+            int ngt = kc / gs;
+            for (int i = 0; i < RB; i++) {
+                if (i < nr) {
+                    unpack_row(m, rt + i, k0, kc, rowq);
+                    for (int g = 0; g < ngt; g++) {
+                        int64_t gi = (rt + i) * ng + k0 / gs + g;
+                        ts[g * RB + i] = mx_q_scalar_at(m->scales, m->sdtype, gi);
+                        tb[g * RB + i] = mx_q_scalar_at(m->biases, m->sdtype, gi);
+                    }
+                } else {
+                    memset(rowq, 0, (size_t)kc);
+                    for (int g = 0; g < ngt; g++)
+                        ts[g * RB + i] = tb[g * RB + i] = 0;
+                }
+                /* transpose 32-bit runs: tile[k/4][i] = row i, values k..k+3 */
+                uint32_t *t32 = (uint32_t *)(void *)tile;
+                for (int k4 = 0; k4 < kc / 4; k4++)
+                    memcpy(t32 + k4 * RB + i, rowq + 4 * k4, 4);
+            }
+            int first = k0 == 0;
+            float *Yt = Y + rt;
+            int64_t t = 0;
+            for (; t + TB <= T; t += TB)
+                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, TB);
+            for (; t + 4 <= T; t += 4)
+                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 4);
+            for (; t < T; t++)
+                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 1);
+        }
+    }
+    free(mem);
+}
+
+const mx_qkernels mx_qk_avx512vnni = {
+    .name = "avx512vnni",
+    .prep_bytes = prep_bytes_vnni,
+    .prep = prep_vnni,
+    .matvec_rows = matvec_rows_vnni,
+    .matmul_rows = matmul_rows_vnni,
+};
+
+#elif defined(__x86_64__)
+/* Built without the VNNI flags (not through CMake, or an older CMakeLists):
+ * the variant exists but is never offered (mx_qkernels_get checks
+ * mx_qk_avx512vnni_built). */
+#include "quant/qint.h"
+const int mx_qk_avx512vnni_built = 0;
+const mx_qkernels mx_qk_avx512vnni = { .name = "avx512vnni", .prep_bytes = mx_q_sums_bytes,
+                                       .prep = mx_q_sums_prep,
+                                       .matvec_rows = NULL, .matmul_rows = NULL };
+#else
+typedef int mx_kernels_vnni_unused;
+#endif
