@@ -9,7 +9,9 @@
  * variant the CPU supports and thread counts 1..ncpu.  Reported: GB/s of
  * weight+scale+bias bytes streamed (min and median time over repeats),
  * beside a plain multi-threaded memory read over a buffer of the same size.
- * matmul: T=128 tokens through one 2048x1408 matrix, tokens/s. */
+ * matmul: T=128 tokens through one 2048x1408 matrix, tokens/s; and T=8
+ * tokens through every expert pair of the set (the MoE gather path's shape),
+ * ms per pair.  The scalar reference is left out (0.2 GB/s: minutes). */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -115,13 +117,13 @@ int main(int argc, char **argv)
         for (int r = 0; r < reps; r++)
             t[r] = read_probe(probe, nprobe, nth);
         stats(t, reps, &mn, &med);
-        printf("  %-8s threads=%d  best %6.2f GB/s  median %6.2f GB/s\n", "memread", nth,
+        printf("  %-10s threads=%d  best %6.2f GB/s  median %6.2f GB/s\n", "memread", nth,
                bytes / mn / 1e9, bytes / med / 1e9);
     }
     free(probe);
 
     for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
-        if (mx_qkernels_force(*nm) != 0)
+        if (mx_qkernels_force(*nm) != 0 || !strcmp(*nm, "scalar"))
             continue;
         for (int nth = 1; nth <= ncpu; nth++) {
             mx_set_threads(nth);
@@ -135,30 +137,53 @@ int main(int argc, char **argv)
                     t[r] = mx_now() - t0;
             }
             stats(t, reps, &mn, &med);
-            printf("  %-8s threads=%d  best %6.2f GB/s  median %6.2f GB/s  (%.2f ms/sweep)\n",
+            printf("  %-10s threads=%d  best %6.2f GB/s  median %6.2f GB/s  (%.2f ms/sweep)\n",
                    *nm, nth, bytes / mn / 1e9, bytes / med / 1e9, med * 1e3);
         }
     }
 
+    /* prefill: T=128 through one matrix (attention/shared expert), and T=8
+     * through every expert pair of the set (what the MoE gather path does
+     * with ~8 tokens per expert, weights streamed from memory) */
     printf("matmul: T=128 tokens x 2048x1408 (rows x cols) 4-bit g64 f16\n");
     mat mm;
     mat_init(&mm, 2048, 1408, 77);
     for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
-        if (mx_qkernels_force(*nm) != 0)
+        if (mx_qkernels_force(*nm) != 0 || !strcmp(*nm, "scalar"))
             continue;
         for (int nth = 1; nth <= ncpu; nth++) {
             mx_set_threads(nth);
-            int mreps = !strcmp(*nm, "scalar") ? 1 : reps;
-            for (int r = -1; r < mreps; r++) {
+            for (int r = -1; r < reps; r++) {
                 double t0 = mx_now();
                 mx_qmatmul(&mm.m, x, 128, y);
                 if (r >= 0)
                     t[r] = mx_now() - t0;
             }
-            stats(t, mreps, &mn, &med);
+            stats(t, reps, &mn, &med);
             double flops = 2.0 * 128 * 2048 * 1408;
-            printf("  %-8s threads=%d  best %8.0f tok/s  median %8.0f tok/s  (%.1f GFLOP/s)\n",
+            printf("  %-10s threads=%d  best %8.0f tok/s  median %8.0f tok/s  (%.1f GFLOP/s)\n",
                    *nm, nth, 128 / mn, 128 / med, flops / mn / 1e9);
+        }
+    }
+    printf("matmul: T=8 tokens x every expert pair of the set (%d x 2 matrices)\n", nexp);
+    for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
+        if (mx_qkernels_force(*nm) != 0 || !strcmp(*nm, "scalar"))
+            continue;
+        for (int nth = 1; nth <= ncpu; nth++) {
+            mx_set_threads(nth);
+            for (int r = -1; r < reps; r++) {
+                double t0 = mx_now();
+                for (int e = 0; e < nexp; e++) {
+                    mx_qmatmul(&up[e].m, x, 8, y);
+                    mx_qmatmul(&down[e].m, y, 8, x + 8 * 2048);
+                }
+                if (r >= 0)
+                    t[r] = mx_now() - t0;
+            }
+            stats(t, reps, &mn, &med);
+            double flops = 2.0 * 8 * 2 * 2048 * 1408 * nexp;
+            printf("  %-10s threads=%d  best %6.3f ms/pair  median %6.3f ms/pair  (%.1f GFLOP/s)\n",
+                   *nm, nth, mn / nexp * 1e3, med / nexp * 1e3, flops / mn / 1e9);
         }
     }
     mx_qkernels_force(NULL);

@@ -222,7 +222,7 @@ static void check_matrix(int bits, int gs, mx_dtype sdt, int64_t rows, int64_t c
 
     /* (c) matmul against repeated reference matvec, every variant incl. scalar */
     if (do_mm) {
-        static const int Ts[] = { 1, 2, 5, 17 };
+        static const int Ts[] = { 1, 2, 5, 8, 17 };
         for (int t = 1; t < 17; t++)
             ref_matvec(m, x + t * cols, ref + t * rows, norm + t * rows);
         for (int v = -1; v < g_nvar; v++) {

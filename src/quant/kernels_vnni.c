@@ -281,23 +281,72 @@ typedef struct xquant {
     float *dx, *xs;      /* [T][ng] */
 } xquant;
 
-/* Values [k0, k0+n) of row r as bytes (n a multiple of 32). */
-static void unpack_row(const mx_qmat *m, int64_t r, int64_t k0, int n, uint8_t *q)
+/* Values [k, k+64) of row r as 64 bytes in natural order; values at or past
+ * `end` (the chunk's end, a multiple of 32) are zero and not read. */
+static inline __m512i row64(const mx_qmat *m, int64_t r, int64_t k, int64_t end)
 {
     const uint8_t *row = mx_q_row_ptr(m, r);
-    if (m->bits == 8) {
-        memcpy(q, row + k0, (size_t)n);
-    } else if (m->bits == 4) {
-        const __m128i nib = _mm_set1_epi8(0x0f);
-        for (int i = 0; i < n; i += 32) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(row + (k0 + i) / 2));
-            __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
-            _mm_storeu_si128((__m128i *)(q + i), _mm_unpacklo_epi8(lo, hi));
-            _mm_storeu_si128((__m128i *)(q + i + 16), _mm_unpackhi_epi8(lo, hi));
-        }
-    } else {
-        mx_q_unpack(row, m->bits, k0, n, q);
+    int half = end - k < 64;
+    if (m->bits == 4) {
+        const __m256i nib = _mm256_set1_epi8(0x0f);
+        __m256i v = half ? _mm256_maskz_loadu_epi8(0xffff, row + k / 2)
+                         : _mm256_loadu_si256((const __m256i *)(row + k / 2));
+        __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        /* in-lane interleave: 128-bit lanes come out as values 0-15, 32-47 | 16-31, 48-63 */
+        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi8(lo, hi)),
+                                       _mm256_unpackhi_epi8(lo, hi), 1);
+        return _mm512_shuffle_i32x4(z, z, 0xd8);
     }
+    if (m->bits == 8)
+        return half ? _mm512_maskz_loadu_epi8(0xffffffffull, row + k) : _mm512_loadu_si512(row + k);
+    _Alignas(64) uint8_t q[64] = { 0 };
+    mx_q_unpack(row, m->bits, k, half ? 32 : 64, q);
+    return _mm512_load_si512(q);
+}
+
+/* 16 rows x 16 dwords -> 16 vectors o[j] holding dword j of each row. */
+static inline void transpose16(const __m512i r[16], __m512i o[16])
+{
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* b[4i+d], 128-bit lane L: dword 4L+d of rows 4i..4i+3 */
+    for (int i = 0; i < 4; i++) {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    /* 4x4 transpose of 128-bit lanes: o[4L+d] = lane L of b[d], b[4+d], b[8+d], b[12+d] */
+    for (int d = 0; d < 4; d++) {
+        __m512i c0 = _mm512_shuffle_i32x4(b[d], b[4 + d], 0x44);
+        __m512i c1 = _mm512_shuffle_i32x4(b[d], b[4 + d], 0xee);
+        __m512i c2 = _mm512_shuffle_i32x4(b[8 + d], b[12 + d], 0x44);
+        __m512i c3 = _mm512_shuffle_i32x4(b[8 + d], b[12 + d], 0xee);
+        o[d] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+        o[4 + d] = _mm512_shuffle_i32x4(c0, c2, 0xdd);
+        o[8 + d] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+        o[12 + d] = _mm512_shuffle_i32x4(c1, c3, 0xdd);
+    }
+}
+
+/* Builds tile[k/4][i] (32-bit lanes: values k..k+3 of row rt+i) for columns
+ * [k0, k0+kc), rows past nr zero. */
+static void build_tile(const mx_qmat *m, int64_t rt, int nr, int64_t k0, int kc, uint8_t *tile)
+{
+    __m512i r[16], o[16];
+    for (int h = 0; h < RB / 16; h++)
+        for (int k = 0; k < kc; k += 64) {
+            for (int i = 0; i < 16; i++)
+                r[i] = h * 16 + i < nr ? row64(m, rt + h * 16 + i, k0 + k, k0 + kc)
+                                       : _mm512_setzero_si512();
+            transpose16(r, o);
+            int nk4 = kc - k < 64 ? (kc - k) / 4 : 16;
+            for (int j = 0; j < nk4; j++)
+                _mm512_store_si512(tile + ((size_t)(k / 4 + j) * RB + h * 16) * 4, o[j]);
+        }
 }
 
 /* a[j] += sum over one group's columns of tile x byte level `xb` of token j:
@@ -394,7 +443,6 @@ static void matmul_rows_vnni(const mx_qmat *m, const float *X, int64_t ldx, int6
     }
 
     _Alignas(64) uint8_t tile[KC * RB];
-    _Alignas(64) uint8_t rowq[KC];
     _Alignas(64) float ts[KC / 32 * RB], tb[KC / 32 * RB];
     for (int64_t rt = r0; rt < r1; rt += RB) {
         int nr = (int)(r1 - rt < RB ? r1 - rt : RB);
@@ -402,29 +450,20 @@ static void matmul_rows_vnni(const mx_qmat *m, const float *X, int64_t ldx, int6
         for (int64_t k0 = 0; k0 < cols; k0 += KC) {
             int kc = (int)(cols - k0 < KC ? cols - k0 : KC);   /* multiple of gs */
             int ngt = kc / gs;
-            for (int i = 0; i < RB; i++) {
-                if (i < nr) {
-                    unpack_row(m, rt + i, k0, kc, rowq);
-                    for (int g = 0; g < ngt; g++) {
-                        int64_t gi = (rt + i) * ng + k0 / gs + g;
-                        ts[g * RB + i] = mx_q_scalar_at(m->scales, m->sdtype, gi);
-                        tb[g * RB + i] = mx_q_scalar_at(m->biases, m->sdtype, gi);
-                    }
-                } else {
-                    memset(rowq, 0, (size_t)kc);
-                    for (int g = 0; g < ngt; g++)
-                        ts[g * RB + i] = tb[g * RB + i] = 0;
+            build_tile(m, rt, nr, k0, kc, tile);
+            for (int i = 0; i < RB; i++)
+                for (int g = 0; g < ngt; g++) {
+                    int64_t gi = (rt + i) * ng + k0 / gs + g;
+                    ts[g * RB + i] = i < nr ? mx_q_scalar_at(m->scales, m->sdtype, gi) : 0.0f;
+                    tb[g * RB + i] = i < nr ? mx_q_scalar_at(m->biases, m->sdtype, gi) : 0.0f;
                 }
-                /* transpose 32-bit runs: tile[k/4][i] = row i, values k..k+3 */
-                uint32_t *t32 = (uint32_t *)(void *)tile;
-                for (int k4 = 0; k4 < kc / 4; k4++)
-                    memcpy(t32 + k4 * RB + i, rowq + 4 * k4, 4);
-            }
             int first = k0 == 0;
             float *Yt = Y + rt;
             int64_t t = 0;
             for (; t + TB <= T; t += TB)
                 tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, TB);
+            for (; t + 8 <= T; t += 8)
+                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 8);
             for (; t + 4 <= T; t += 4)
                 tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 4);
             for (; t < T; t++)
