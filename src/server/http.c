@@ -484,7 +484,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         n_in = r->n_prompt;
         n_out = r->n_gen;
         n_cached = r->n_cached;
-        finish = r->done ? r->finish : "cancelled";
+        /* not done: cut short, unless it was refused (503) before running */
+        finish = r->done ? r->finish : cs->status == 0 || cs->status == 200 ? "cancelled" : "";
         pthread_mutex_unlock(&s->sc.mu);
         /* a stream still running when the connection ends was cut short */
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && cs->status == 200 && r->stream)
