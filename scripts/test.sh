@@ -11,6 +11,10 @@ fi
 [ -n "${MLXCEL_FIXTURES:-}" ] && echo "test: fixtures at $MLXCEL_FIXTURES" >&2 ||
   echo "test: MLXCEL_FIXTURES unset: fixture tests will be skipped" >&2
 jobs=$(nproc)
+# Tests run side by side (ctest -j): OpenMP threads that spin while waiting
+# would fight each other for the cores, so tests wait passively.  Benchmarks
+# do not set this.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
 (cd build && ctest --output-on-failure -j "$jobs")

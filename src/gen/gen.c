@@ -306,7 +306,9 @@ int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
     r->st.n_gen++;
     char *piece = NULL;
     size_t plen = 0;
-    if (r->ts && mx_tok_stream_push(r->ts, id, &piece, &plen, e))
+    /* Models pad their vocabulary past the tokenizer's (Qwen: 151936 rows,
+     * 151646 tokens); such ids decode to nothing, as transformers does. */
+    if (r->ts && id < mx_tok_vocab_size(r->g->tok) && mx_tok_stream_push(r->ts, id, &piece, &plen, e))
         return -(e ? e->code : MX_EFORMAT);
     int hit = emit(r, id, piece, plen);
     free(piece);
