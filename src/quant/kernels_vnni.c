@@ -219,37 +219,44 @@ mv_int(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, con
                 _mm512_mask_storeu_ps(sc + g, gm, _mm512_mul_ps(s16, _mm512_maskz_loadu_ps(gm, dx + g)));
                 bacc = _mm512_fmadd_ps(b16, _mm512_maskz_loadu_ps(gm, xs + g), bacc);
             }
-            /* high and middle bytes: sa = 256*sum q*xh + sum q*xm (fits
-             * in 32 bits); low bytes: sl; y = dx*(256*sa + sl) per group */
+            /* 4 bits: a lane covers 8 values, so s = 65536*sum q*xh +
+             * 256*sum q*xm + sum q*xl stays below 2^30 and is summed in
+             * one integer.  8 bits (4 values of up to 255 per lane) would
+             * overflow: there the low level is kept apart (sl) and combined
+             * in float.  y = sum over blocks of dx_g * s_g * lane sums. */
             __m512 acca = _mm512_setzero_ps(), accl = _mm512_setzero_ps();
             for (int b = 0; b < nblk; b++) {
                 __m512i v = b < nfull ? _mm512_loadu_si512(wp + 64 * b)
                                       : _mm512_maskz_loadu_epi8(tm, wp + 64 * b);
                 const int8_t *xb = xc + b * xbs;
-                __m512i sa = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
+                __m512 sv = lpg >= 16 ? _mm512_set1_ps(sc[b * epb / gs])
+                                      : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sc + b * epb / gs));
+                __m512i sa = _mm512_setzero_si512();
                 if (bits == 4) {
                     __m512i q0 = _mm512_and_si512(v, nib);
                     __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
                     sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb));
                     sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 64));
-                    sl = _mm512_dpbusd_epi32(sl, q0, _mm512_loadu_si512(xb + 256));
-                    sl = _mm512_dpbusd_epi32(sl, q1, _mm512_loadu_si512(xb + 320));
                     sa = _mm512_slli_epi32(sa, 8);
                     sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb + 128));
                     sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 192));
+                    sa = _mm512_slli_epi32(sa, 8);
+                    sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb + 256));
+                    sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 320));
+                    acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);
                 } else {
+                    __m512i sl = _mm512_setzero_si512();
                     sa = _mm512_dpbusd_epi32(sa, v, _mm512_loadu_si512(xb));
                     sl = _mm512_dpbusd_epi32(sl, v, _mm512_loadu_si512(xb + 128));
                     sa = _mm512_slli_epi32(sa, 8);
                     sa = _mm512_dpbusd_epi32(sa, v, _mm512_loadu_si512(xb + 64));
+                    acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);
+                    accl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, accl);
                 }
-                __m512 sv = lpg >= 16 ? _mm512_set1_ps(sc[b * epb / gs])
-                                      : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sc + b * epb / gs));
-                acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);
-                accl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, accl);
             }
-            float yr = 256.0f * _mm512_reduce_add_ps(acca) + _mm512_reduce_add_ps(accl) +
-                       _mm512_reduce_add_ps(bacc);
+            /* 4 bits: acca already holds 65536*high + 256*middle + low */
+            __m512 tot = bits == 4 ? acca : _mm512_fmadd_ps(acca, _mm512_set1_ps(256.0f), accl);
+            float yr = _mm512_reduce_add_ps(_mm512_add_ps(tot, bacc));
             y[r - r0] = c0 == 0 ? yr : y[r - r0] + yr;
         }
     }
