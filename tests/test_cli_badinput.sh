@@ -92,5 +92,24 @@ expect "malformed token ids" "--prompt-ids" -- "$BIN" generate -m "$FX/qwen3_moe
 expect "unknown option" "--bogus" -- "$BIN" generate --bogus
 expect "context too small" "context" -- "$BIN" generate -m "$FX/qwen3_moe_tiny" --prompt-ids 1,2,3,4 -c 3 -n 2 --ids-only
 
+# text input (tokenizer of the chat fixture)
+CHAT=$FX/qwen2_moe_tiny_chat
+expect "invalid UTF-8 prompt" "UTF-8" -- "$BIN" generate -m "$CHAT" -p "$(printf 'abc\xff\xfe')" -n 2
+expect "empty prompt" "empty" -- "$BIN" generate -m "$CHAT" -p "" -n 2
+expect "prompt longer than the context" "context" -- "$BIN" generate -m "$CHAT" -p "one two three four five six" -c 4 -n 2
+expect "detokenize id out of range" "999999" -- "$BIN" detokenize -m "$CHAT" --ids 1,999999
+expect "tokenize without a tokenizer" "tokenizer.json" -- "$BIN" tokenize -m "$FX/qwen3_moe_tiny" -p hi
+fresh qwen3_moe_tiny wordpiece
+echo '{"version":"1.0","model":{"type":"WordPiece","vocab":{"a":0}},"normalizer":null,"pre_tokenizer":null,"decoder":null,"added_tokens":[]}' > "$T/wordpiece/tokenizer.json"
+expect "unsupported tokenizer.json kind" "WordPiece" -- "$BIN" generate -m "$T/wordpiece" -p "hi" -n 2
+
+# chat reads stdin when it is not a terminal, keeps going after /reset
+out=$(printf 'Hello\n/reset\nHi again\n/exit\n' | "$BIN" chat -m "$CHAT" --temp 0 -n 3 2>/dev/null); rc=$?
+if [ $rc -eq 0 ] && [ "$(printf '%s\n' "$out" | grep -c .)" -ge 1 ]; then
+  pass=$((pass + 1)); echo "ok   chat over a pipe"
+else
+  fail=$((fail + 1)); echo "FAIL chat over a pipe (exit $rc): $out"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
