@@ -12,7 +12,9 @@
  * Every weight byte is read once, both phases keep every thread busy whatever
  * k is, and the buffers are reused across calls (grown outside the parallel
  * region), so the hot path does not allocate.  The kernel's prepared form of
- * x (and of each h_j) is built once per call, not once per row range. */
+ * x is built once per call before the threads start, and each h_j once per
+ * thread in phase 2 (not once per row range; a shared copy would cost one
+ * more barrier, which stalls when a core is busy elsewhere). */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +38,8 @@ const char *mx_moe_fused_declines(const mx_experts *ex)
 }
 
 /* Scratch reused across calls (64-byte aligned): h (k*d_ff floats), u
- * (k*d_ff), the prepared x for each group size the gate/up matrices use, the
- * prepared h_j of each expert's down matrix, and a row buffer per thread. */
+ * (k*d_ff), the prepared x for each group size the gate/up matrices use, and
+ * per thread a row buffer and the prepared h_j of each expert. */
 static unsigned char *g_buf;
 static size_t g_cap;
 
@@ -62,9 +64,9 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
     const int k = r->k;
     const int64_t D = ex->d_model, F = ex->d_ff;
     const int nth = mx_threads();
-    /* x is prepared once per group size used by the gate/up matrices and
-     * each h_j once (below), however the rows are split over threads */
-    size_t xoff[3] = { 0, 0, 0 }, hoff[MX_MAX_TOPK], n = al64((size_t)(2 * k * F) * sizeof(float));
+    /* x is prepared once per group size used by the gate/up matrices,
+     * however the rows are split over threads */
+    size_t xoff[3] = { 0, 0, 0 }, n = al64((size_t)(2 * k * F) * sizeof(float));
     int need[3] = { 0, 0, 0 };
     for (int j = 0; j < k; j++) {
         need[gs_index(ex->gate[r->idx[j]].q.group_size)] = 1;
@@ -75,11 +77,14 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
             xoff[i] = n;
             n += al64(kern->prep_bytes(D, 32 << i));
         }
+    /* per thread: a row buffer, then room for one prepared h_j */
+    const size_t rowb = al64((size_t)D * sizeof(float));
+    size_t hb = 0;
     for (int j = 0; j < k; j++) {
-        hoff[j] = n;
-        n += al64(kern->prep_bytes(F, ex->down[r->idx[j]].q.group_size));
+        size_t b = al64(kern->prep_bytes(F, ex->down[r->idx[j]].q.group_size));
+        hb = b > hb ? b : hb;
     }
-    const size_t rowoff = n, per_thread = al64((size_t)D * sizeof(float));
+    const size_t rowoff = n, per_thread = rowb + hb;
     unsigned char *buf = scratch(n + per_thread * (size_t)nth);
     if (!buf) {
         /* Out of memory for scratch: fall back to the gather path, which
@@ -95,7 +100,9 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
 #pragma omp parallel num_threads(nth)
     {
         const int ith = omp_get_thread_num(), nt = omp_get_num_threads();
-        float *row = (float *)(void *)(buf + rowoff + per_thread * (size_t)ith);
+        unsigned char *mine = buf + rowoff + per_thread * (size_t)ith;
+        float *row = (float *)(void *)mine;
+        void *hp = mine + rowb;
 
         /* ---- phase 1: gate and up rows of all k experts ---------------- */
         long lo, hi;
@@ -112,10 +119,6 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
                 h[i] = mx_silu(h[i]) * u[i];
         }
 #pragma omp barrier
-        /* ---- each h_j prepared once, experts spread over the threads ---- */
-        for (int j = ith; j < k; j += nt)
-            kern->prep(h + j * F, F, ex->down[r->idx[j]].q.group_size, buf + hoff[j]);
-#pragma omp barrier
         /* ---- phase 2: down rows, router weight folded in --------------- */
         mx_split((long)D, ith, nt, &lo, &hi);
         if (lo < hi) {
@@ -123,7 +126,8 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
             memset(o, 0, sizeof *o * (size_t)(hi - lo));
             for (int j = 0; j < k; j++) {
                 const mx_qmat *Dn = &ex->down[r->idx[j]].q;
-                kern->matvec_rows(Dn, h + j * F, buf + hoff[j], row, lo, hi);
+                kern->prep(h + j * F, F, Dn->group_size, hp);
+                kern->matvec_rows(Dn, h + j * F, hp, row, lo, hi);
                 const float w = r->w[j];
                 for (long i = 0; i < hi - lo; i++)
                     o[i] += w * row[i];

@@ -4,18 +4,21 @@
  * of four products into a 32-bit lane: 64 multiply-adds per instruction
  * against 16 for a float FMA.  Weights are already small unsigned integers
  * (q = 0..15 for 4 bits, 0..255 for 8), so only x has to become integer.
- * Plain int8 x (llama.cpp's Q8) loses too much (~0.4% per value), so x is
- * quantized to 16 bits per group of the weight's group size and split into
- * two signed bytes:
- *     x[c] ~= dx_g * x16[c],  x16 = 256*xh + xl,  xh, xl in int8
- *     sum_c q[c] x[c] ~= dx_g * (256 * sum q*xh + sum q*xl)
- * |x16| <= 32000 = amax_g/dx_g, so the error per value is <= dx_g/2, about
- * 1.6e-5 of the group's largest |x|: relative errors of a dot product stay
- * near 1e-5 (see tests/test_quant.c).  Both sums are one vpdpbusd each; the
- * high one is shifted left by 8 in the integer accumulator before the low one
- * is added, so a block costs one int->float conversion and one FMA by the
- * per-lane scale s_g * dx_g.  The bias term b_g * sum(x) uses the exact float
- * group sums, as in the float variants.
+ *
+ * Precision.  Plain int8 x (llama.cpp's Q8) loses ~0.4% per value.  Two
+ * int8 levels (16 bits per group) were tried first: the fixture models'
+ * logits then differ from the reference by 1.5-2e-3 (limit 1e-3; the float
+ * kernels: ~1e-5), and the error scaled exactly with the step.  So x is
+ * quantized to 24 bits per group of the weight's group size, as three
+ * signed bytes:
+ *     x[c] ~= dx_g * x24[c],  x24 = 65536*xh + 256*xm + xl,  |x24| <= 8e6
+ *     sum_c q[c] x[c] ~= dx_g * (65536*sum q*xh + 256*sum q*xm + sum q*xl)
+ * The error per value is about one step, amax_g/8e6 (~1e-7 of the group's
+ * largest |x|): as close as float rounding (logits ~1e-5 off, like the float
+ * variants).  Each level is one vpdpbusd; levels are combined with integer
+ * shifts where the lane sums fit in 32 bits, otherwise in float.  The bias
+ * term b_g * sum(x) uses the exact float group sums, as in the float
+ * variants.
  *
  * matvec (decode): x is prepared once per vector (prep_vnni) into the order
  * that makes the inner loop loads + AND/shift + vpdpbusd:
@@ -24,16 +27,18 @@
  *           holds value 2j in its low nibble and 2j+1 in its high nibble),
  *           so `v & 15` and `(v >> 4) & 15` pair with the two halves.
  * Either way a 32-bit lane covers 4 (8 bits) or 8 (4 bits) consecutive
- * values, never two groups, so the group scale is a per-lane vector.
- * 2, 3, 5 and 6 bits use the float avx512 kernels (prep starts with the same
- * group sums they expect).
+ * values, never two groups, so the group scale is a per-lane vector
+ * (s_g * dx_g, permuted from the row's scales).  2, 3, 5 and 6 bits use the
+ * float avx512 kernels (prep starts with the group sums they expect).
  *
  * matmul (prefill): each call quantizes its T rows of X the same way (natural
  * order), unpacks a tile of RB rows x KC columns of weights to bytes once,
- * transposed so that a 32-bit lane holds 4 consecutive values of one row,
- * and reuses it for all tokens: per 4 columns, one broadcast of 4 bytes of x
- * and RB/16 vpdpbusd per token accumulate whole output rows (lanes = rows),
- * with the group scale applied once per group and no horizontal sums. */
+ * transposed (16x16 dword transposes) so that a 32-bit lane holds 4
+ * consecutive values of one row, and reuses it for all tokens: per 4
+ * columns, one broadcast of 4 bytes of x and RB/16 vpdpbusd per token
+ * accumulate whole output rows (lanes = rows) in registers, with the group
+ * scale applied once per group and no horizontal sums.  Every bit width
+ * goes through it (other widths unpack with the generic unpacker). */
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VNNI__) && defined(__AVX2__)
 #include <immintrin.h>
