@@ -186,23 +186,76 @@ static inline __mmask16 mask16(int64_t n) /* first min(n, 16) lanes */
  * the stack. */
 #define XCH 8192
 
+/* Row r's per-lane scales s_g * dx_g for this pass into sc; returns the
+ * bias term as a vector to be summed: b_g * sum(x)_g. */
+static inline __m512 row_scales(const mx_qmat *m, int64_t r, int64_t c0, int ngc, const float *dx,
+                                const float *xs, float *sc)
+{
+    int64_t g0 = r * mx_qmat_groups(m) + c0 / m->group_size;
+    __m512 bacc = _mm512_setzero_ps();
+    for (int g = 0; g < ngc; g += 16) {
+        __mmask16 gm = mask16(ngc - g);
+        __m512 s16 = load16_s(m->scales, m->sdtype, g0 + g, gm);
+        __m512 b16 = load16_s(m->biases, m->sdtype, g0 + g, gm);
+        _mm512_mask_storeu_ps(sc + g, gm, _mm512_mul_ps(s16, _mm512_maskz_loadu_ps(gm, dx + g)));
+        bacc = _mm512_fmadd_ps(b16, _mm512_maskz_loadu_ps(gm, xs + g), bacc);
+    }
+    return bacc;
+}
+
+/* One 64-byte block of one row (v) against the prepared x levels x0..x5.
+ * 4 bits: a lane covers 8 values, so s = 65536*sum q*xh + 256*sum q*xm +
+ * sum q*xl stays below 2^30 and is summed in one integer.  8 bits (4 values
+ * of up to 255 per lane) would overflow: there the low level is kept apart
+ * (accl) and combined in float at the end. */
+#define MV_BLOCK(v, sv, acca, accl)                                                  \
+    do {                                                                             \
+        __m512i sa = _mm512_setzero_si512();                                         \
+        if (bits == 4) {                                                             \
+            __m512i q0 = _mm512_and_si512(v, nib);                                   \
+            __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);             \
+            sa = _mm512_dpbusd_epi32(sa, q0, x0);                                    \
+            sa = _mm512_dpbusd_epi32(sa, q1, x1);                                    \
+            sa = _mm512_slli_epi32(sa, 8);                                           \
+            sa = _mm512_dpbusd_epi32(sa, q0, x2);                                    \
+            sa = _mm512_dpbusd_epi32(sa, q1, x3);                                    \
+            sa = _mm512_slli_epi32(sa, 8);                                           \
+            sa = _mm512_dpbusd_epi32(sa, q0, x4);                                    \
+            sa = _mm512_dpbusd_epi32(sa, q1, x5);                                    \
+            acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);                \
+        } else {                                                                     \
+            __m512i sl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x2);         \
+            sa = _mm512_dpbusd_epi32(sa, v, x0);                                     \
+            sa = _mm512_slli_epi32(sa, 8);                                           \
+            sa = _mm512_dpbusd_epi32(sa, v, x1);                                     \
+            acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);                \
+            accl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, accl);                \
+        }                                                                            \
+    } while (0)
+
 /* 4 or 8 bits.  A 64-byte block holds epb = 64*8/bits values; 32-bit lane i
  * covers 4 bytes = 32/bits consecutive values, so lanes per group
  * lpg = gs*bits/32, and the lane's group scale (s_g * dx_g, per row) is a
- * broadcast (lpg >= 16) or a permute of the row's scale array. */
+ * broadcast (lpg >= 16) or a permute of the row's scale array.  Rows are
+ * taken in pairs from the two halves of the range: two weight streams in
+ * flight (more memory parallelism per core) and x loaded once for both. */
 static inline __attribute__((always_inline)) void
 mv_int(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, const int bits)
 {
     const int epb = 64 * 8 / bits, gs = m->group_size, lpg = gs * bits / 32;
+    /* group of block b's first lane = b * epb / gs, without a division in
+     * the loop: epb and gs are powers of two */
+    const int gsh = __builtin_ctz((unsigned)gs), ebsh = __builtin_ctz((unsigned)epb);
     const int xbs = bits == 4 ? 384 : 192;           /* prepared bytes per block */
     const int8_t *xq = bits == 4 ? L->x4 : L->x8;
-    const int64_t ng = mx_qmat_groups(m), rb = mx_qmat_row_bytes(m);
+    const int64_t rb = mx_qmat_row_bytes(m);
     const int lg = lpg >= 16 ? 16 : lpg;
     const __m512i idx = _mm512_set_epi32(15 / lg, 14 / lg, 13 / lg, 12 / lg, 11 / lg, 10 / lg,
                                          9 / lg, 8 / lg, 7 / lg, 6 / lg, 5 / lg, 4 / lg,
                                          3 / lg, 2 / lg, 1 / lg, 0);
     const __m512i nib = _mm512_set1_epi8(0x0f);
-    _Alignas(64) float sc[XCH / 32 + 16];
+    _Alignas(64) float sca[XCH / 32 + 16], scb[XCH / 32 + 16];
+    const int64_t half = (r1 - r0) / 2;
     for (int64_t c0 = 0; c0 < m->cols; c0 += XCH) {
         int n = (int)(m->cols - c0 < XCH ? m->cols - c0 : XCH);      /* multiple of gs */
         int ngc = n / gs, nfull = n / epb, nblk = (n + epb - 1) / epb;
@@ -211,58 +264,49 @@ mv_int(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, con
         const int8_t *xc = xq + (c0 / epb) * xbs;
         const float *dx = L->dx + c0 / gs, *xs = L->xsum + c0 / gs;
         for (int g = ngc; g < ngc + 16; g++)
-            sc[g] = 0;          /* padding lanes multiply zero sums: keep them finite */
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *wp = m->w + r * rb + c0 * bits / 8;
-            int64_t g0 = r * ng + c0 / gs;
-            /* per-lane scales s_g * dx_g; bias term as a dot with the sums */
-            __m512 bacc = _mm512_setzero_ps();
-            for (int g = 0; g < ngc; g += 16) {
-                __mmask16 gm = mask16(ngc - g);
-                __m512 s16 = load16_s(m->scales, m->sdtype, g0 + g, gm);
-                __m512 b16 = load16_s(m->biases, m->sdtype, g0 + g, gm);
-                _mm512_mask_storeu_ps(sc + g, gm, _mm512_mul_ps(s16, _mm512_maskz_loadu_ps(gm, dx + g)));
-                bacc = _mm512_fmadd_ps(b16, _mm512_maskz_loadu_ps(gm, xs + g), bacc);
-            }
-            /* 4 bits: a lane covers 8 values, so s = 65536*sum q*xh +
-             * 256*sum q*xm + sum q*xl stays below 2^30 and is summed in
-             * one integer.  8 bits (4 values of up to 255 per lane) would
-             * overflow: there the low level is kept apart (sl) and combined
-             * in float.  y = sum over blocks of dx_g * s_g * lane sums. */
-            __m512 acca = _mm512_setzero_ps(), accl = _mm512_setzero_ps();
+            sca[g] = scb[g] = 0;   /* padding lanes multiply zero sums: keep them finite */
+        /* i < half: rows r0+i and r0+half+i; then the odd one out alone */
+        for (int64_t i = 0; i < half + ((r1 - r0) & 1); i++) {
+            const int two = i < half;
+            const int64_t ra = two ? r0 + i : r1 - 1, rbw = r0 + half + i;
+            const uint8_t *wa = m->w + ra * rb + c0 * bits / 8;
+            const uint8_t *wb = m->w + (two ? rbw : ra) * rb + c0 * bits / 8;
+            __m512 ba = row_scales(m, ra, c0, ngc, dx, xs, sca);
+            __m512 bb = two ? row_scales(m, rbw, c0, ngc, dx, xs, scb) : _mm512_setzero_ps();
+            __m512 aa = _mm512_setzero_ps(), al = aa, ab = aa, bl = aa;
             for (int b = 0; b < nblk; b++) {
-                __m512i v = b < nfull ? _mm512_loadu_si512(wp + 64 * b)
-                                      : _mm512_maskz_loadu_epi8(tm, wp + 64 * b);
+                __m512i va = b < nfull ? _mm512_loadu_si512(wa + 64 * b)
+                                       : _mm512_maskz_loadu_epi8(tm, wa + 64 * b);
                 const int8_t *xb = xc + b * xbs;
-                __m512 sv = lpg >= 16 ? _mm512_set1_ps(sc[b * epb / gs])
-                                      : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sc + b * epb / gs));
-                __m512i sa = _mm512_setzero_si512();
+                __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + 64);
+                __m512i x2 = _mm512_loadu_si512(xb + 128), x3 = x2, x4 = x2, x5 = x2;
                 if (bits == 4) {
-                    __m512i q0 = _mm512_and_si512(v, nib);
-                    __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                    sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb));
-                    sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 64));
-                    sa = _mm512_slli_epi32(sa, 8);
-                    sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb + 128));
-                    sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 192));
-                    sa = _mm512_slli_epi32(sa, 8);
-                    sa = _mm512_dpbusd_epi32(sa, q0, _mm512_loadu_si512(xb + 256));
-                    sa = _mm512_dpbusd_epi32(sa, q1, _mm512_loadu_si512(xb + 320));
-                    acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);
-                } else {
-                    __m512i sl = _mm512_setzero_si512();
-                    sa = _mm512_dpbusd_epi32(sa, v, _mm512_loadu_si512(xb));
-                    sl = _mm512_dpbusd_epi32(sl, v, _mm512_loadu_si512(xb + 128));
-                    sa = _mm512_slli_epi32(sa, 8);
-                    sa = _mm512_dpbusd_epi32(sa, v, _mm512_loadu_si512(xb + 64));
-                    acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);
-                    accl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, accl);
+                    x3 = _mm512_loadu_si512(xb + 192);
+                    x4 = _mm512_loadu_si512(xb + 256);
+                    x5 = _mm512_loadu_si512(xb + 320);
+                }
+                int gb = (b << ebsh) >> gsh;
+                __m512 sva = lpg >= 16 ? _mm512_set1_ps(sca[gb])
+                                       : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sca + gb));
+                MV_BLOCK(va, sva, aa, al);
+                if (two) {
+                    __m512i vb = b < nfull ? _mm512_loadu_si512(wb + 64 * b)
+                                           : _mm512_maskz_loadu_epi8(tm, wb + 64 * b);
+                    __m512 svb = lpg >= 16 ? _mm512_set1_ps(scb[gb])
+                                           : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(scb + gb));
+                    MV_BLOCK(vb, svb, ab, bl);
                 }
             }
-            /* 4 bits: acca already holds 65536*high + 256*middle + low */
-            __m512 tot = bits == 4 ? acca : _mm512_fmadd_ps(acca, _mm512_set1_ps(256.0f), accl);
-            float yr = _mm512_reduce_add_ps(_mm512_add_ps(tot, bacc));
-            y[r - r0] = c0 == 0 ? yr : y[r - r0] + yr;
+            /* 4 bits: aa already holds 65536*high + 256*middle + low */
+            const __m512 k256 = _mm512_set1_ps(256.0f);
+            __m512 ta = bits == 4 ? aa : _mm512_fmadd_ps(aa, k256, al);
+            float ya = _mm512_reduce_add_ps(_mm512_add_ps(ta, ba));
+            y[ra - r0] = c0 == 0 ? ya : y[ra - r0] + ya;
+            if (two) {
+                __m512 tb = bits == 4 ? ab : _mm512_fmadd_ps(ab, k256, bl);
+                float yb = _mm512_reduce_add_ps(_mm512_add_ps(tb, bb));
+                y[rbw - r0] = c0 == 0 ? yb : y[rbw - r0] + yb;
+            }
         }
     }
 }
