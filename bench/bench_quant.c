@@ -20,6 +20,7 @@
 
 #include "quant/quant.h"
 #include "util/err.h"
+#include "util/membw.h"
 #include "util/parallel.h"
 
 static int cmp_d(const void *a, const void *b)
@@ -107,7 +108,8 @@ int main(int argc, char **argv)
     printf("matvec: %d x (1408x2048 + 2048x1408) 4-bit g64 f16 = %.1f MB per sweep, %d repeats\n",
            nexp, bytes / 1e6, reps);
 
-    /* memory read probe over a buffer of the same size */
+    /* memory read probes over a buffer of the same size: a plain loop, and
+     * the probe `mlxcel bench` uses (AVX-512 loads, median of reps) */
     size_t nprobe = bytes / 8;
     uint64_t *probe = aligned_alloc(64, nprobe * 8);
     fill(probe, nprobe * 8, 99);
@@ -117,8 +119,9 @@ int main(int argc, char **argv)
         for (int r = 0; r < reps; r++)
             t[r] = read_probe(probe, nprobe, nth);
         stats(t, reps, &mn, &med);
-        printf("  %-10s threads=%d  best %6.2f GB/s  median %6.2f GB/s\n", "memread", nth,
-               bytes / mn / 1e9, bytes / med / 1e9);
+        mx_set_threads(nth);
+        printf("  %-10s threads=%d  best %6.2f GB/s  median %6.2f GB/s  (mx_membw_probe %.2f GB/s)\n",
+               "memread", nth, bytes / mn / 1e9, bytes / med / 1e9, mx_membw_probe(bytes, reps));
     }
     free(probe);
 
