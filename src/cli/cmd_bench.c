@@ -28,7 +28,7 @@ static void help(void)
            "  -r, --repeats N     repeats (default 3)\n"
            "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
            "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
-           "                      path (alternating order) and report both and their ratio\n"
+           "                      path (order F G G F) and report both and their ratio\n"
            "      --bw-mb N       size of the bandwidth probe buffer (default 1024 MiB; 0 = skip)\n"
            "      --json          one JSON object on stdout\n");
 }
@@ -181,10 +181,11 @@ int cmd_bench(int argc, char **argv)
                 goto fail;
             push(&dec, ts);
         } else {
-            /* alternate the order so drift in the machine's speed does not
-             * favour one path */
-            for (int k = 0; k < 2; k++) {
-                int use_fused = (r + k) % 2 == 0;
+            /* F G G F: each path runs once first and once second in every
+             * repeat, so neither gains from weights the other left in the
+             * last-level cache or from drift in the machine's speed */
+            for (int k = 0; k < 4; k++) {
+                int use_fused = k == 0 || k == 3;
                 double ts;
                 mx_moe_set_fused(use_fused);
                 if ((rc = decode_run(m, s, (int)np, first, (int)ng, logits, &ts, &e)))
