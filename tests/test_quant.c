@@ -502,9 +502,12 @@ static void test_threaded(void)
     qbuf q;
     int64_t rows = 301, cols = 512;
     qbuf_random(&q, rows, cols, 4, 64, MX_F16);
-    float *x = malloc(5 * (size_t)cols * sizeof *x);
-    float *y1 = malloc(5 * (size_t)rows * sizeof *y1), *y2 = malloc(5 * (size_t)rows * sizeof *y2);
-    rand_vec(x, 5 * cols);
+    /* T = 5 takes the small-batch path (the matvec kernel per token), T = 17
+     * the prefill kernel: each must equal its row-range kernel bit for bit */
+    enum { TS = 5, TL = 17 };
+    float *x = malloc(TL * (size_t)cols * sizeof *x);
+    float *y1 = malloc(TL * (size_t)rows * sizeof *y1), *y2 = malloc(TL * (size_t)rows * sizeof *y2);
+    rand_vec(x, TL * cols);
     for (int v = 0; v < g_nvar; v++) {
         CHECK(mx_qkernels_force(g_variants[v]->name) == 0);
         CHECK(mx_qkernels_active() == g_variants[v]);
@@ -514,9 +517,14 @@ static void test_threaded(void)
             mx_qmatvec(&q.m, x, y2);
             CHECKF(!memcmp(y1, y2, (size_t)rows * sizeof *y1), "%s: threaded matvec (%d threads)",
                    g_variants[v]->name, nth);
-            g_variants[v]->matmul_rows(&q.m, x, cols, 5, y1, rows, 0, rows);
-            mx_qmatmul(&q.m, x, 5, y2);
-            CHECKF(!memcmp(y1, y2, 5 * (size_t)rows * sizeof *y1), "%s: threaded matmul (%d threads)",
+            for (int t = 0; t < TS; t++)
+                kmatvec(g_variants[v], &q.m, x + t * cols, y1 + t * rows, 0, rows);
+            mx_qmatmul(&q.m, x, TS, y2);
+            CHECKF(!memcmp(y1, y2, TS * (size_t)rows * sizeof *y1), "%s: threaded small matmul (%d threads)",
+                   g_variants[v]->name, nth);
+            g_variants[v]->matmul_rows(&q.m, x, cols, TL, y1, rows, 0, rows);
+            mx_qmatmul(&q.m, x, TL, y2);
+            CHECKF(!memcmp(y1, y2, TL * (size_t)rows * sizeof *y1), "%s: threaded matmul (%d threads)",
                    g_variants[v]->name, nth);
         }
     }

@@ -380,6 +380,37 @@ void mx_qmatvec(const mx_qmat *m, const float *x, float *y)
         free(xp);
 }
 
+/* A few tokens (a batched decode step, an expert picked by a few prompt
+ * tokens): the prefill kernel's tile set-up does not pay for itself, so run
+ * the matvec kernel once per token over small row blocks.  Each block's
+ * weights come from memory once and stay in L1/L2 for the other tokens.
+ * Returns 0 (caller falls back) when the prepared-x buffers cannot be had. */
+#define MX_SMALL_T 6
+#define MX_SMALL_T_ROWS 32
+
+static int matmul_small(const mx_qkernels *k, const mx_qmat *m, const float *X, int64_t T, float *Y)
+{
+    size_t nb = (k->prep_bytes(m->cols, m->group_size) + 63) & ~(size_t)63;
+    unsigned char *prep = aligned_alloc(64, nb * (size_t)T);
+    if (!prep)
+        return 0;
+    for (int64_t t = 0; t < T; t++)
+        k->prep(X + t * m->cols, m->cols, m->group_size, prep + nb * (size_t)t);
+    int nth = threads_for(m->rows, (double)m->rows * (double)m->cols * (double)T);
+#pragma omp parallel num_threads(nth)
+    {
+        int64_t r0, r1;
+        chunk_range(m->rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        for (int64_t c0 = r0; c0 < r1; c0 += MX_SMALL_T_ROWS) {
+            int64_t c1 = c0 + MX_SMALL_T_ROWS < r1 ? c0 + MX_SMALL_T_ROWS : r1;
+            for (int64_t t = 0; t < T; t++)
+                k->matvec_rows(m, X + t * m->cols, prep + nb * (size_t)t, Y + t * m->rows + c0, c0, c1);
+        }
+    }
+    free(prep);
+    return 1;
+}
+
 void mx_qmatmul(const mx_qmat *m, const float *X, int64_t T, float *Y)
 {
     if (T <= 0)
@@ -389,6 +420,8 @@ void mx_qmatmul(const mx_qmat *m, const float *X, int64_t T, float *Y)
         return;
     }
     const mx_qkernels *k = mx_qkernels_active();
+    if (T <= MX_SMALL_T && matmul_small(k, m, X, T, Y))
+        return;
     int nth = threads_for(m->rows, (double)m->rows * (double)m->cols * (double)T);
     if (nth == 1) {
         k->matmul_rows(m, X, m->cols, T, Y, m->rows, 0, m->rows);
