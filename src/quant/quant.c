@@ -391,7 +391,10 @@ void mx_qmatvec(const mx_qmat *m, const float *x, float *y)
 static int matmul_small(const mx_qkernels *k, const mx_qmat *m, const float *X, int64_t T, float *Y)
 {
     size_t nb = (k->prep_bytes(m->cols, m->group_size) + 63) & ~(size_t)63;
-    unsigned char *prep = aligned_alloc(64, nb * (size_t)T);
+    /* the usual case (a decode batch over hidden-size inputs) fits on the
+     * stack: no allocation per call */
+    _Alignas(64) unsigned char stackbuf[65536];
+    unsigned char *prep = nb * (size_t)T <= sizeof stackbuf ? stackbuf : aligned_alloc(64, nb * (size_t)T);
     if (!prep)
         return 0;
     for (int64_t t = 0; t < T; t++)
@@ -407,7 +410,8 @@ static int matmul_small(const mx_qkernels *k, const mx_qmat *m, const float *X, 
                 k->matvec_rows(m, X + t * m->cols, prep + nb * (size_t)t, Y + t * m->rows + c0, c0, c1);
         }
     }
-    free(prep);
+    if (prep != stackbuf)
+        free(prep);
     return 1;
 }
 
