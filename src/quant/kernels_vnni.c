@@ -505,29 +505,44 @@ tile_tokens(const uint8_t *tile, const float *ts, const float *tb, int kc, int g
     }
 }
 
-static void matmul_rows_vnni(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
-                             float *Y, int64_t ldy, int64_t r0, int64_t r1)
+/* Layout of the prepared activations of T tokens: dx, xs [T][ng] floats,
+ * then the three int8 levels h, m, l [T][cols]. */
+static xquant mm_layout(void *buf, int64_t T, int64_t cols, int gs)
 {
-    const int64_t cols = m->cols, ng = mx_qmat_groups(m);
-    const int gs = m->group_size;
-    /* T rows of X, quantized once per call */
-    size_t nx = (size_t)(T * cols), ns = (size_t)(T * ng);
-    uint8_t *mem = malloc(3 * nx + 2 * ns * sizeof(float) + 64);
-    if (!mem) {
-        mx_qk_avx512.matmul_rows(m, X, ldx, T, Y, ldy, r0, r1);   /* no memory: float path */
-        return;
-    }
-    xquant xq = { .dx = (float *)mem, .xs = (float *)mem + ns };
+    const size_t nx = (size_t)(T * cols), ns = (size_t)(T * (cols / gs));
+    uint8_t *mem = buf;
+    xquant xq = {.dx = (float *)mem, .xs = (float *)mem + ns};
     xq.h = (int8_t *)(mem + 2 * ns * sizeof(float));
     xq.m = xq.h + nx;
     xq.l = xq.m + nx;
-    for (int64_t t = 0; t < T; t++) {
+    return xq;
+}
+
+static size_t mm_prep_bytes_vnni(int64_t T, int64_t cols, int gs)
+{
+    return 3 * (size_t)(T * cols) + 2 * (size_t)(T * (cols / gs)) * sizeof(float) + 64;
+}
+
+static void mm_prep_vnni(const float *X, int64_t ldx, int64_t T, int64_t t0, int64_t t1, int64_t cols,
+                         int gs, void *buf)
+{
+    const int64_t ng = cols / gs;
+    xquant xq = mm_layout(buf, T, cols, gs);
+    for (int64_t t = t0; t < t1; t++) {
         const float *xt = X + t * ldx;
         mx_group_sums(xt, cols, gs, xq.xs + t * ng);
         for (int64_t g = 0; g < ng; g++)
             xq.dx[t * ng + g] = quant_group(xt + g * gs, gs, xq.h + t * cols + g * gs,
                                             xq.m + t * cols + g * gs, xq.l + t * cols + g * gs);
     }
+}
+
+static void matmul_rows_prepped_vnni(const mx_qmat *m, const void *xp, int64_t T, float *Y,
+                                     int64_t ldy, int64_t r0, int64_t r1)
+{
+    const int64_t cols = m->cols, ng = mx_qmat_groups(m);
+    const int gs = m->group_size;
+    xquant xq = mm_layout((void *)xp, T, cols, gs);
 
     _Alignas(64) uint8_t tile[KC * RB];
     _Alignas(64) float ts[KC / 32 * RB], tb[KC / 32 * RB];
@@ -557,6 +572,19 @@ static void matmul_rows_vnni(const mx_qmat *m, const float *X, int64_t ldx, int6
                 tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 1);
         }
     }
+}
+
+static void matmul_rows_vnni(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
+                             float *Y, int64_t ldy, int64_t r0, int64_t r1)
+{
+    /* T rows of X, quantized once per call */
+    void *mem = malloc(mm_prep_bytes_vnni(T, m->cols, m->group_size));
+    if (!mem) {
+        mx_qk_avx512.matmul_rows(m, X, ldx, T, Y, ldy, r0, r1);   /* no memory: float path */
+        return;
+    }
+    mm_prep_vnni(X, ldx, T, 0, T, m->cols, m->group_size, mem);
+    matmul_rows_prepped_vnni(m, mem, T, Y, ldy, r0, r1);
     free(mem);
 }
 
@@ -566,6 +594,9 @@ const mx_qkernels mx_qk_avx512vnni = {
     .prep = prep_vnni,
     .matvec_rows = matvec_rows_vnni,
     .matmul_rows = matmul_rows_vnni,
+    .mm_prep_bytes = mm_prep_bytes_vnni,
+    .mm_prep = mm_prep_vnni,
+    .matmul_rows_prepped = matmul_rows_prepped_vnni,
 };
 
 #elif defined(__x86_64__)

@@ -427,6 +427,25 @@ void mx_qmatmul(const mx_qmat *m, const float *X, int64_t T, float *Y)
     if (T <= MX_SMALL_T && matmul_small(k, m, X, T, Y))
         return;
     int nth = threads_for(m->rows, (double)m->rows * (double)m->cols * (double)T);
+    void *xp = k->mm_prep ? malloc(k->mm_prep_bytes(T, m->cols, m->group_size)) : NULL;
+    if (xp) {
+        /* the activations are prepared once, split over the threads by
+         * token, then every thread runs its rows against all of them */
+#pragma omp parallel num_threads(nth)
+        {
+            const int ith = omp_get_thread_num(), nt = omp_get_num_threads();
+            long t0, t1;
+            mx_split((long)T, ith, nt, &t0, &t1);
+            k->mm_prep(X, m->cols, T, t0, t1, m->cols, m->group_size, xp);
+#pragma omp barrier
+            int64_t r0, r1;
+            chunk_range(m->rows, ith, nt, &r0, &r1);
+            if (r1 > r0)
+                k->matmul_rows_prepped(m, xp, T, Y, m->rows, r0, r1);
+        }
+        free(xp);
+        return;
+    }
     if (nth == 1) {
         k->matmul_rows(m, X, m->cols, T, Y, m->rows, 0, m->rows);
         return;

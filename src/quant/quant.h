@@ -95,6 +95,15 @@ typedef struct mx_qkernels {
     /* Y[t*ldy + r] = sum_c W[r][c] X[t*ldx + c] for t < T, r in [r0, r1). */
     void (*matmul_rows)(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
                         float *Y, int64_t ldy, int64_t r0, int64_t r1);
+    /* Optional (NULL when a variant has none): matmul_rows split in two so
+     * the T activation rows are prepared once per call, by all threads
+     * together, instead of once per row range.  mm_prep fills tokens
+     * [t0, t1) of a buffer of mm_prep_bytes(T, ...) laid out for T tokens. */
+    size_t (*mm_prep_bytes)(int64_t T, int64_t cols, int group_size);
+    void (*mm_prep)(const float *X, int64_t ldx, int64_t T, int64_t t0, int64_t t1, int64_t cols,
+                    int group_size, void *buf);
+    void (*matmul_rows_prepped)(const mx_qmat *m, const void *xp, int64_t T, float *Y, int64_t ldy,
+                                int64_t r0, int64_t r1);
 } mx_qkernels;
 
 /* The variant in use: best the CPU supports, or MLXCEL_KERNEL=scalar|avx2|
