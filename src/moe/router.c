@@ -57,9 +57,9 @@ int mx_moe_fused_enabled(void)
 
 void mx_moe_set_fused(int on) { g_fused = on < 0 ? -1 : !!on; }
 
-/* Default chosen from measurements (docs/moe-decode.md): the fused kernel
- * keeps its per-thread gate/up results in buffers sized k * d_ff, which stay
- * in L2 up to Mixtral-sized experts. */
+/* Default chosen from measurements (build/bench_moe 4096 2 64 15, table in
+ * docs/benchmarks.md): the fused path's gain over gather fades to nothing at
+ * d_ff 16384 and turns into a loss by 24576; Mixtral's 14336 still gains. */
 #define MX_FUSED_MAX_DFF_DEFAULT 16384
 
 int64_t mx_moe_fused_max_dff(void)
