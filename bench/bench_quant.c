@@ -1,7 +1,11 @@
 /* bench_quant.c - decode (matvec) bandwidth and prefill (matmul) throughput
  * of the quantized kernels.
  *
- * usage: bench_quant [experts [repeats]]
+ * usage: bench_quant [experts [repeats [variants [parts]]]]
+ *   variants  comma-separated kernel names (default: every one the CPU runs
+ *             but scalar)
+ *   parts     any of "mv" (matvec), "mm" (matmul), "probe" (memory read
+ *             probes), comma-separated (default: all)
  *
  * matvec: a set of `experts` pairs of 4-bit, group-64, f16-scale matrices
  * shaped like an MoE expert's projections (2048x1408 and 1408x2048), sized
@@ -27,6 +31,33 @@ static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+static const char *g_variants, *g_parts;
+
+/* Is `name` in the comma-separated list (NULL = everything)? */
+static int listed(const char *list, const char *name)
+{
+    if (!list)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n))
+            return 1;
+        if (!q)
+            break;
+        p = q + 1;
+    }
+    return 0;
+}
+
+static int run_variant(const char *name)
+{
+    if (!listed(g_variants, name) || (!g_variants && !strcmp(name, "scalar")))
+        return 0;
+    return mx_qkernels_force(name) == 0;
 }
 
 static void stats(double *t, int n, double *mn, double *med)
@@ -92,6 +123,8 @@ int main(int argc, char **argv)
 {
     int nexp = argc > 1 ? atoi(argv[1]) : 192;
     int reps = argc > 2 ? atoi(argv[2]) : 5;
+    g_variants = argc > 3 ? argv[3] : NULL;
+    g_parts = argc > 4 ? argv[4] : NULL;
     if (nexp < 1) nexp = 1;
     if (reps < 1) reps = 1;
     int ncpu = mx_threads();
@@ -114,7 +147,7 @@ int main(int argc, char **argv)
     uint64_t *probe = aligned_alloc(64, nprobe * 8);
     fill(probe, nprobe * 8, 99);
     double *t = malloc((size_t)reps * sizeof *t), mn, med;
-    for (int nth = 1; nth <= ncpu; nth++) {
+    for (int nth = 1; nth <= ncpu && listed(g_parts, "probe"); nth++) {
         read_probe(probe, nprobe, nth);
         for (int r = 0; r < reps; r++)
             t[r] = read_probe(probe, nprobe, nth);
@@ -126,7 +159,7 @@ int main(int argc, char **argv)
     free(probe);
 
     for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
-        if (mx_qkernels_force(*nm) != 0 || !strcmp(*nm, "scalar"))
+        if (!listed(g_parts, "mv") || !run_variant(*nm))
             continue;
         for (int nth = 1; nth <= ncpu; nth++) {
             mx_set_threads(nth);
@@ -152,7 +185,7 @@ int main(int argc, char **argv)
     mat mm;
     mat_init(&mm, 2048, 1408, 77);
     for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
-        if (mx_qkernels_force(*nm) != 0 || !strcmp(*nm, "scalar"))
+        if (!listed(g_parts, "mm") || !run_variant(*nm))
             continue;
         for (int nth = 1; nth <= ncpu; nth++) {
             mx_set_threads(nth);
@@ -170,7 +203,7 @@ int main(int argc, char **argv)
     }
     printf("matmul: T=8 tokens x every expert pair of the set (%d x 2 matrices)\n", nexp);
     for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
-        if (mx_qkernels_force(*nm) != 0 || !strcmp(*nm, "scalar"))
+        if (!listed(g_parts, "mm") || !run_variant(*nm))
             continue;
         for (int nth = 1; nth <= ncpu; nth++) {
             mx_set_threads(nth);

@@ -148,7 +148,9 @@ static double tol_of(const mx_qkernels *k)
 static void kmatvec(const mx_qkernels *k, const mx_qmat *m, const float *x, float *y,
                     int64_t r0, int64_t r1)
 {
-    void *xp = aligned_alloc(64, (k->prep_bytes(m->cols, m->group_size) + 63) / 64 * 64);
+    size_t nb = (k->prep_bytes(m->cols, m->group_size) + 63) / 64 * 64;
+    void *xp = aligned_alloc(64, nb);
+    memset(xp, 0xff, nb);   /* NaN bytes: prep must write all that the kernel reads */
     k->prep(x, m->cols, m->group_size, xp);
     k->matvec_rows(m, x, xp, y, r0, r1);
     free(xp);
@@ -217,6 +219,50 @@ static void check_matrix(int bits, int gs, mx_dtype sdt, int64_t rows, int64_t c
             e = max_rel(y2, ref + 3, norm + 3, rows - 4, 1);
             CHECKF(e < tol_of(k) && y2[rows - 3] == 12345.0f, "%s: %s matvec sub-range err %.3g",
                    what, k->name, e);
+        }
+    }
+
+    /* (b2) the multi-vector matvec (a variant's matvec_rows_multi, where it
+     * has one) against the reference for 1..9 vectors, on a sub-range,
+     * without writing outside it; and bit for bit what matvec_rows gives
+     * for each vector alone (the small-batch matmul relies on that) */
+    if (do_mm) {
+        for (int t = 1; t < 17; t++)
+            ref_matvec(m, x + t * cols, ref + t * rows, norm + t * rows);
+        for (int v = 0; v < g_nvar; v++) {
+            const mx_qkernels *k = g_variants[v];
+            if (!k->matvec_rows_multi)
+                continue;
+            size_t nb = (k->prep_bytes(cols, gs) + 63) / 64 * 64;
+            unsigned char *xp = aligned_alloc(64, nb * 9);
+            memset(xp, 0xff, nb * 9);   /* NaN bytes: prep must write all that is read */
+            for (int t = 0; t < 9; t++)
+                k->prep(x + t * cols, cols, gs, xp + nb * t);
+            for (int T = 1; T <= 9; T++) {
+                int64_t r0 = rows > 3 ? 1 : 0, r1 = rows;
+                for (int64_t i = 0; i < rows * T; i++)
+                    y[i] = -777.0f;
+                k->matvec_rows_multi(m, x, cols, xp, nb, T, y + r0, rows, r0, r1);
+                double em = 0;
+                int exact = 1, sentinel_ok = 1;
+                for (int tt = 0; tt < T; tt++) {
+                    double et = max_rel(y + tt * rows + r0, ref + tt * rows + r0,
+                                        norm + tt * rows + r0, r1 - r0, 1);
+                    if (!(et <= em))
+                        em = et;
+                    k->matvec_rows(m, x + tt * cols, xp + nb * tt, y2, r0, r1);
+                    exact &= !memcmp(y2, y + tt * rows + r0, sizeof *y2 * (size_t)(r1 - r0));
+                    if (r0 && y[tt * rows] != -777.0f)
+                        sentinel_ok = 0;
+                }
+                CHECKF(em < tol_of(k), "%s: %s matvec_rows_multi T=%d rel err %.3g", what, k->name,
+                       T, em);
+                CHECKF(exact, "%s: %s matvec_rows_multi T=%d differs from matvec_rows", what,
+                       k->name, T);
+                CHECKF(sentinel_ok, "%s: %s matvec_rows_multi T=%d wrote outside its rows", what,
+                       k->name, T);
+            }
+            free(xp);
         }
     }
 

@@ -92,7 +92,8 @@ static float quant_group(const float *x, int gs, int8_t *h, int8_t *md, int8_t *
 
 /* The prepared x of matvec:
  *   xsum[ng] f32   group sums (first: the float fallbacks read only these)
- *   dx[ng]   f32   group steps
+ *   dx[ng]   f32   group steps, then 16 zeros (the multi-vector matvec
+ *                  loads 16 steps from any group index below ng)
  *   x8       per 64-value block: 64 high, 64 middle, 64 low bytes (natural
  *            order)
  *   x4       per 128-value block: even values' high bytes, odd values' high
@@ -110,7 +111,7 @@ static void layout(const void *buf, int64_t cols, int gs, vlayout *L)
     L->xsum = (float *)p;
     p += al64((size_t)ng * 4);
     L->dx = (float *)p;
-    p += al64((size_t)ng * 4);
+    p += al64((size_t)(ng + 16) * 4);
     L->x8 = (int8_t *)p;
     p += 192 * (size_t)((cols + 63) / 64);
     L->x4 = (int8_t *)p;
@@ -119,7 +120,7 @@ static void layout(const void *buf, int64_t cols, int gs, vlayout *L)
 static size_t prep_bytes_vnni(int64_t cols, int gs)
 {
     int64_t ng = cols / gs;
-    return 2 * al64((size_t)ng * 4) + 192 * (size_t)((cols + 63) / 64) +
+    return al64((size_t)ng * 4) + al64((size_t)(ng + 16) * 4) + 192 * (size_t)((cols + 63) / 64) +
            384 * (size_t)((cols + 127) / 128);
 }
 
@@ -141,6 +142,7 @@ static void prep_vnni(const float *x, int64_t cols, int gs, void *buf)
     int64_t n8 = (cols + 63) / 64, n4 = (cols + 127) / 128;
     memset(L.x8 + (n8 - 1) * 192, 0, 192);   /* padding of the last blocks */
     memset(L.x4 + (n4 - 1) * 384, 0, 384);
+    memset(L.dx + ng, 0, 16 * sizeof(float));
     _Alignas(64) int8_t q[3][128];
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * gs;
@@ -311,17 +313,226 @@ mv_int(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, con
     }
 }
 
+/* ---- 4-bit matvec: R rows x TC vectors per pass ------------------------- */
+
+/* GCC and clang both take this: the constant-trip loops over rows and
+ * vectors below must be unrolled so their accumulators live in registers. */
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* Row r's group scales s_g (no x step) for this pass into sc. */
+static inline void row_scales_s(const mx_qmat *m, int64_t r, int64_t c0, int ngc, float *sc)
+{
+    int64_t g0 = r * mx_qmat_groups(m) + c0 / m->group_size;
+    for (int g = 0; g < ngc; g += 16) {
+        __mmask16 gm = mask16(ngc - g);
+        _mm512_mask_storeu_ps(sc + g, gm, load16_s(m->scales, m->sdtype, g0 + g, gm));
+    }
+}
+
+/* Row r's bias term for one vector: sum_g b_g * sum(x)_g over this pass. */
+static inline float row_bias(const mx_qmat *m, int64_t r, int64_t c0, int ngc, const float *xs)
+{
+    int64_t g0 = r * mx_qmat_groups(m) + c0 / m->group_size;
+    __m512 acc = _mm512_setzero_ps();
+    for (int g = 0; g < ngc; g += 16) {
+        __mmask16 gm = mask16(ngc - g);
+        acc = _mm512_fmadd_ps(load16_s(m->biases, m->sdtype, g0 + g, gm),
+                              _mm512_maskz_loadu_ps(gm, xs + g), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* sum q*x24 per 32-bit lane for one 64-byte block v (128 values, lane = 8
+ * consecutive values) against one vector's six prepared x registers
+ * (even/odd values of the high, middle and low levels).  One chain: the
+ * lane sum stays below 2^30, and on Zen 4 the chain measured as fast as
+ * three parallel level sums (which need two more adds). */
+static inline __attribute__((always_inline)) __m512i
+dot4_levels(__m512i v, const __m512i *x, __m512i nib)
+{
+    __m512i q0 = _mm512_and_si512(v, nib);
+    __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, x[0]);
+    s = _mm512_dpbusd_epi32(s, q1, x[1]);
+    s = _mm512_slli_epi32(s, 8);
+    s = _mm512_dpbusd_epi32(s, q0, x[2]);
+    s = _mm512_dpbusd_epi32(s, q1, x[3]);
+    s = _mm512_slli_epi32(s, 8);
+    s = _mm512_dpbusd_epi32(s, q0, x[4]);
+    return _mm512_dpbusd_epi32(s, q1, x[5]);
+}
+
+/* One block column b (mask lm: the bytes of a short last block) for R rows
+ * and TC vectors.  The weights are loaded once (one load per line: the
+ * empty asm keeps GCC from folding the load into both the AND and the
+ * shift) and each vector's x once for all R rows. */
+static inline __attribute__((always_inline)) void
+mvq4_block(const uint8_t *const *w, const vlayout *L, const float *sc, __m512 acc[4][4],
+           int b, int gb, int64_t c0, __mmask64 lm, const int R, const int TC, const int gs,
+           const int full)
+{
+    const int lpg = gs / 8, lg = lpg >= 16 ? 16 : lpg;   /* 32-bit lanes per group */
+    const int scs = XCH / 32 + 16;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i idx = _mm512_set_epi32(15 / lg, 14 / lg, 13 / lg, 12 / lg, 11 / lg, 10 / lg,
+                                         9 / lg, 8 / lg, 7 / lg, 6 / lg, 5 / lg, 4 / lg,
+                                         3 / lg, 2 / lg, 1 / lg, 0);
+/* the per-lane group value of a scale array at group gb */
+#define LANES(p) (lpg >= 16 ? _mm512_set1_ps(*(p)) : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p)))
+    __m512i v[4];
+    __m512 sr[4];
+    UNROLL for (int i = 0; i < R; i++) {
+        v[i] = full ? _mm512_loadu_si512(w[i] + 64 * b) : _mm512_maskz_loadu_epi8(lm, w[i] + 64 * b);
+        __asm__("" : "+v"(v[i]));
+        sr[i] = LANES(sc + i * scs + gb);
+    }
+    UNROLL for (int t = 0; t < TC; t++) {
+        const int8_t *xb = L[t].x4 + (c0 / 128 + b) * 384;
+        __m512i x[6];
+        UNROLL for (int k = 0; k < 6; k++) {
+            x[k] = _mm512_loadu_si512(xb + 64 * k);
+            __asm__("" : "+v"(x[k]));   /* loaded once for all R rows */
+        }
+        __m512 dxv = TC == 1 ? _mm512_setzero_ps() : LANES(L[t].dx + c0 / gs + gb);
+        UNROLL for (int i = 0; i < R; i++) {
+            __m512 s = _mm512_cvtepi32_ps(dot4_levels(v[i], x, nib));
+            acc[i][t] = _mm512_fmadd_ps(s, TC == 1 ? sr[i] : _mm512_mul_ps(sr[i], dxv), acc[i][t]);
+        }
+    }
+#undef LANES
+}
+
+/* R rows rr[] (outputs yr[i][t * ldy] for vector t) times TC prepared
+ * vectors L[], columns [c0, c0+n) of a pass.  R, TC and gs are
+ * compile-time constants after inlining.  One vector (decode): the row's
+ * scale vector already holds s_g * dx_g.  Several: it holds s_g, and each
+ * vector's per-lane steps multiply it per block. */
+static inline __attribute__((always_inline)) void
+mvq4_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, int64_t ldy,
+          const int R, const int TC, int64_t c0, int n, float *sc, const int gs)
+{
+    const int ngc = n / gs, nfull = n / 128, tailb = (n % 128) / 2;
+    const int64_t rb = mx_qmat_row_bytes(m);
+    const int scs = XCH / 32 + 16;                        /* stride of the rows' scales */
+    /* arrays sized by the largest R and TC: sized by the parameters they
+     * would be VLAs, which GCC keeps on the stack */
+    float bias[4][4];
+    const uint8_t *w[4];
+    UNROLL for (int i = 0; i < R; i++) {
+        w[i] = m->w + rr[i] * rb + c0 / 2;
+        if (TC == 1) {
+            bias[i][0] = _mm512_reduce_add_ps(row_scales(m, rr[i], c0, ngc, L[0].dx + c0 / gs,
+                                                         L[0].xsum + c0 / gs, sc + i * scs));
+        } else {
+            row_scales_s(m, rr[i], c0, ngc, sc + i * scs);
+            UNROLL for (int t = 0; t < TC; t++)
+                bias[i][t] = row_bias(m, rr[i], c0, ngc, L[t].xsum + c0 / gs);
+        }
+    }
+    __m512 acc[4][4];
+    UNROLL for (int i = 0; i < R; i++)
+        UNROLL for (int t = 0; t < TC; t++)
+            acc[i][t] = _mm512_setzero_ps();
+    for (int b = 0; b < nfull; b++)
+        mvq4_block(w, L, sc, acc, b, b * 128 / gs, c0, 0, R, TC, gs, 1);
+    if (tailb)   /* a last block of 32, 64 or 96 values: zero bytes give q = 0 */
+        mvq4_block(w, L, sc, acc, nfull, nfull * 128 / gs, c0, ((__mmask64)1 << tailb) - 1, R, TC,
+                   gs, 0);
+    const int first = c0 == 0;
+    UNROLL for (int i = 0; i < R; i++)
+        UNROLL for (int t = 0; t < TC; t++) {
+            float *o = yr[i] + t * ldy;
+            *o = (first ? 0.0f : *o) + _mm512_reduce_add_ps(acc[i][t]) + bias[i][t];
+        }
+}
+
+/* Rows [r0, r1) times T vectors, for one group size: R rows per pass taken
+ * from R equal parts of the range (R weight streams in flight, each
+ * sequential), TC vectors at a time (the rows' weights stay in L1 for the
+ * next TC). */
+static inline __attribute__((always_inline)) void
+mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, int64_t r0,
+        int64_t r1, const int gs)
+{
+    enum { R1 = 2, RT = 2, TCM = 4 };   /* rows per pass: one vector / several; vectors per pass */
+    _Alignas(64) float sc[R1 * (XCH / 32 + 16)];
+    for (int64_t c0 = 0; c0 < m->cols; c0 += XCH) {
+        int n = (int)(m->cols - c0 < XCH ? m->cols - c0 : XCH);    /* multiple of gs */
+        for (int i = 0; i < R1; i++)     /* padding lanes multiply zero sums: keep them finite */
+            for (int g = n / gs; g < n / gs + 16; g++)
+                sc[i * (XCH / 32 + 16) + g] = 0;
+        const int R = T == 1 ? R1 : RT;
+        const int64_t q = (r1 - r0) / R;
+        int64_t rr[R1];
+        float *yr[R1];
+        for (int64_t i = 0; i < (r1 - r0) - q * (R - 1); i++) {
+            /* i < q: R rows, one from each part; then the rest one by one */
+            const int nr = i < q ? R : 1;
+            for (int j = 0; j < nr; j++) {
+                rr[j] = i < q ? r0 + i + j * q : r0 + i + (R - 1) * q;
+                yr[j] = Y + (rr[j] - r0);
+            }
+            if (T == 1) {
+                if (nr == R1) mvq4_pass(m, L, rr, yr, ldy, R1, 1, c0, n, sc, gs);
+                else mvq4_pass(m, L, rr, yr, ldy, 1, 1, c0, n, sc, gs);
+                continue;
+            }
+            int64_t t = 0;
+            for (; t + TCM <= T; t += TCM) {
+                float *yt[RT] = { yr[0] + t * ldy, yr[nr > 1] + t * ldy };
+                if (nr == RT) mvq4_pass(m, L + t, rr, yt, ldy, RT, TCM, c0, n, sc, gs);
+                else mvq4_pass(m, L + t, rr, yt, ldy, 1, TCM, c0, n, sc, gs);
+            }
+            for (; t < T; t++) {
+                float *yt[RT] = { yr[0] + t * ldy, yr[nr > 1] + t * ldy };
+                if (nr == RT) mvq4_pass(m, L + t, rr, yt, ldy, RT, 1, c0, n, sc, gs);
+                else mvq4_pass(m, L + t, rr, yt, ldy, 1, 1, c0, n, sc, gs);
+            }
+        }
+    }
+}
+
+static void mvq4(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, int64_t r0,
+                 int64_t r1)
+{
+    if (m->group_size == 64)
+        mvq4_gs(m, L, T, Y, ldy, r0, r1, 64);
+    else if (m->group_size == 32)
+        mvq4_gs(m, L, T, Y, ldy, r0, r1, 32);
+    else
+        mvq4_gs(m, L, T, Y, ldy, r0, r1, 128);
+}
+
 static void matvec_rows_vnni(const mx_qmat *m, const float *x, const void *xp,
                              float *y, int64_t r0, int64_t r1)
 {
     vlayout L;
     layout(xp, m->cols, m->group_size, &L);
     if (m->bits == 4)
-        mv_int(m, &L, y, r0, r1, 4);
+        mvq4(m, &L, 1, y, 0, r0, r1);
     else if (m->bits == 8)
         mv_int(m, &L, y, r0, r1, 8);
     else
         mx_qk_avx512.matvec_rows(m, x, L.xsum, y, r0, r1);
+}
+
+static void matvec_rows_multi_vnni(const mx_qmat *m, const float *X, int64_t ldx, const void *xp,
+                                   size_t xstride, int64_t T, float *Y, int64_t ldy, int64_t r0,
+                                   int64_t r1)
+{
+    if (m->bits != 4) {
+        for (int64_t t = 0; t < T; t++)
+            matvec_rows_vnni(m, X + t * ldx, (const uint8_t *)xp + t * xstride, Y + t * ldy, r0, r1);
+        return;
+    }
+    enum { CH = 16 };   /* vectors laid out per call */
+    vlayout L[CH];
+    for (int64_t t0 = 0; t0 < T; t0 += CH) {
+        int64_t n = T - t0 < CH ? T - t0 : CH;
+        for (int64_t t = 0; t < n; t++)
+            layout((const uint8_t *)xp + (t0 + t) * xstride, m->cols, m->group_size, &L[t]);
+        mvq4(m, L, n, Y + t0 * ldy, ldy, r0, r1);
+    }
 }
 
 /* ---- matmul -------------------------------------------------------------- */
@@ -593,6 +804,7 @@ const mx_qkernels mx_qk_avx512vnni = {
     .prep_bytes = prep_bytes_vnni,
     .prep = prep_vnni,
     .matvec_rows = matvec_rows_vnni,
+    .matvec_rows_multi = matvec_rows_multi_vnni,
     .matmul_rows = matmul_rows_vnni,
     .mm_prep_bytes = mm_prep_bytes_vnni,
     .mm_prep = mm_prep_vnni,

@@ -385,7 +385,7 @@ void mx_qmatvec(const mx_qmat *m, const float *x, float *y)
  * the matvec kernel once per token over small row blocks.  Each block's
  * weights come from memory once and stay in L1/L2 for the other tokens.
  * Returns 0 (caller falls back) when the prepared-x buffers cannot be had. */
-#define MX_SMALL_T 6
+#define MX_SMALL_T 16
 #define MX_SMALL_T_ROWS 32
 
 static int matmul_small(const mx_qkernels *k, const mx_qmat *m, const float *X, int64_t T, float *Y)
@@ -404,11 +404,15 @@ static int matmul_small(const mx_qkernels *k, const mx_qmat *m, const float *X, 
     {
         int64_t r0, r1;
         chunk_range(m->rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        for (int64_t c0 = r0; c0 < r1; c0 += MX_SMALL_T_ROWS) {
-            int64_t c1 = c0 + MX_SMALL_T_ROWS < r1 ? c0 + MX_SMALL_T_ROWS : r1;
-            for (int64_t t = 0; t < T; t++)
-                k->matvec_rows(m, X + t * m->cols, prep + nb * (size_t)t, Y + t * m->rows + c0, c0, c1);
-        }
+        if (k->matvec_rows_multi && r1 > r0)
+            k->matvec_rows_multi(m, X, m->cols, prep, nb, T, Y + r0, m->rows, r0, r1);
+        else
+            for (int64_t c0 = r0; c0 < r1; c0 += MX_SMALL_T_ROWS) {
+                int64_t c1 = c0 + MX_SMALL_T_ROWS < r1 ? c0 + MX_SMALL_T_ROWS : r1;
+                for (int64_t t = 0; t < T; t++)
+                    k->matvec_rows(m, X + t * m->cols, prep + nb * (size_t)t, Y + t * m->rows + c0,
+                                   c0, c1);
+            }
     }
     if (prep != stackbuf)
         free(prep);

@@ -92,6 +92,14 @@ typedef struct mx_qkernels {
      * that prep(x, m->cols, m->group_size, xp) filled. */
     void (*matvec_rows)(const mx_qmat *m, const float *x, const void *xp,
                         float *y, int64_t r0, int64_t r1);
+    /* Optional (NULL: matvec_rows once per vector): the same for T vectors
+     * x_t = X + t*ldx, each prepared by prep into xp + t*xstride:
+     * Y[t*ldy + r - r0] = sum_c W[r][c] x_t[c] for r in [r0, r1).  Each
+     * weight line is read once for all T (a batched decode step, an expert
+     * picked by a few prompt tokens). */
+    void (*matvec_rows_multi)(const mx_qmat *m, const float *X, int64_t ldx, const void *xp,
+                              size_t xstride, int64_t T, float *Y, int64_t ldy, int64_t r0,
+                              int64_t r1);
     /* Y[t*ldy + r] = sum_c W[r][c] X[t*ldx + c] for t < T, r in [r0, r1). */
     void (*matmul_rows)(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
                         float *Y, int64_t ldy, int64_t r0, int64_t r1);
