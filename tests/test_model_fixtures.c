@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "moe/moe.h"
 #include "quant/quant.h"
+#include "util/parallel.h"
 
 static const char *const fixtures[] = {
     "qwen2_moe_tiny_chat", "qwen2_moe_gqa_mixed", "qwen3_moe_tiny", "mixtral_tiny", "olmoe_tiny",
@@ -268,5 +269,15 @@ int main(void)
                 run_fixture(root, fixtures[i], fused);
     }
     mx_qkernels_force(NULL);
+    /* The single-token decode step splits rows and heads over the threads:
+     * one thread, and three (more threads than the 2 kv heads of the GQA
+     * fixture; uneven row splits), with the automatic kernel. */
+    static const char *const split_fixtures[] = {"qwen2_moe_gqa_mixed", "olmoe_tiny", "qwen3_moe_tiny"};
+    for (int nth = 1; nth <= 3; nth += 2) {
+        mx_set_threads(nth);
+        for (size_t i = 0; i < sizeof split_fixtures / sizeof split_fixtures[0]; i++)
+            run_fixture(root, split_fixtures[i], 1);
+    }
+    mx_set_threads(0);
     return test_summary();
 }

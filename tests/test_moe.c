@@ -145,12 +145,14 @@ static void gather_batch(void)
     CHECKF(st.gather == 1 && st.fused == 1, "dispatch fused=%ld gather=%ld", st.fused, st.gather);
     /* MLXCEL_FUSED_MOE_MAX_DFF below d_ff makes the fused path decline */
     setenv("MLXCEL_FUSED_MOE_MAX_DFF", "32", 1);
+    mx_moe_env_reload();
     CHECK(mx_moe_fused_declines(&ex) != NULL);
     mx_moe_stats_reset();
     CHECK_OK(mx_moe_experts(&ex, r, x, 1, all, &e), &e);
     mx_moe_stats_get(&st);
     CHECK(st.gather == 1 && st.fused == 0);
     unsetenv("MLXCEL_FUSED_MOE_MAX_DFF");
+    mx_moe_env_reload();
     CHECK(mx_moe_fused_declines(&ex) == NULL);
     /* unquantized experts: declines */
     mx_linear saved = ex.up[3];
@@ -168,16 +170,20 @@ static void fused_flag(void)
     static const char *on[] = {"1", "true", "yes", "on", "anything"};
     mx_moe_set_fused(-1);
     unsetenv("MLXCEL_FUSED_MOE");
+    mx_moe_env_reload();
     CHECK(mx_moe_fused_enabled() == 1);
     for (size_t i = 0; i < sizeof off / sizeof *off; i++) {
         setenv("MLXCEL_FUSED_MOE", off[i], 1);
+        mx_moe_env_reload();
         CHECKF(mx_moe_fused_enabled() == 0, "MLXCEL_FUSED_MOE=%s should disable", off[i]);
     }
     for (size_t i = 0; i < sizeof on / sizeof *on; i++) {
         setenv("MLXCEL_FUSED_MOE", on[i], 1);
+        mx_moe_env_reload();
         CHECKF(mx_moe_fused_enabled() == 1, "MLXCEL_FUSED_MOE=%s should enable", on[i]);
     }
     unsetenv("MLXCEL_FUSED_MOE");
+    mx_moe_env_reload();
 }
 
 int main(void)

@@ -6,10 +6,10 @@
  *   logits = lm_head(rmsnorm(x))
  *
  * Every block works on T tokens at once: T = prompt length for prefill,
- * T = 1 for decode (where the MoE block dispatches to the fused kernel).
- * Numerics follow transformers in float32: RMSNorm with the mean of squares,
- * rotate-half RoPE with float inverse frequencies, softmax attention scaled
- * by head_dim^-0.5. */
+ * a batched decode step, or a traced single token.  The plain single-token
+ * decode step, when the fused MoE path takes the model, runs the same
+ * sequence of blocks inside one parallel region instead (decode.c).  The
+ * small ops and their numerics are in ops.h. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -17,20 +17,9 @@
 
 #include "model/family.h"
 #include "model/model.h"
+#include "model/ops.h"
 #include "util/half.h"
 #include "util/parallel.h"
-
-/* ---- small ops --------------------------------------------------------- */
-
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
-{
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++)
-        out[i] = w[i] * (x[i] * r);
-}
 
 /* y[T, rows] = W x (+ bias): matvec for one token, matmul for many. */
 static void linear(const mx_linear *l, const float *x, int64_t T, float *y)
@@ -39,36 +28,6 @@ static void linear(const mx_linear *l, const float *x, int64_t T, float *y)
         mx_linear_matvec(l, x, y);
     else
         mx_linear_matmul(l, x, T, y);
-}
-
-/* cos and sin of position pos times each inverse frequency, in float as
- * transformers computes them; computed once per token per forward call and
- * shared by every layer and head. */
-static void rope_table(float *cs, int hd, int pos, const float *inv_freq)
-{
-    for (int i = 0; i < hd / 2; i++) {
-        float f = (float)pos * inv_freq[i];
-        cs[2 * i] = cosf(f);
-        cs[2 * i + 1] = sinf(f);
-    }
-}
-
-/* Rotate-half RoPE on one head vector with a rope_table. */
-static void rope(float *v, int hd, const float *cs)
-{
-    const int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        float c = cs[2 * i], s = cs[2 * i + 1];
-        float a = v[i], b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
-    }
-}
-
-static float *kv_at(const mx_seq *s, float *base, int layer, int kvh, int pos)
-{
-    const mx_model *m = s->m;
-    return base + (((size_t)layer * m->n_kv + kvh) * (size_t)s->n_ctx + (size_t)pos) * m->head_dim;
 }
 
 /* ---- attention ---------------------------------------------------------- */
@@ -107,61 +66,34 @@ static void attention_block(mx_model *m, int l, const token_slots *ts, const flo
         const mx_seq *s = ts->seq[t];
         const int pos = ts->pos[t];
         if (m->fam->qk_norm == MX_QK_NORM_FULL) {
-            rmsnorm(qt, qt, a->q_norm, m->q_dim, m->eps);
-            rmsnorm(kt, kt, a->k_norm, m->kv_dim, m->eps);
+            mx_rmsnorm(qt, qt, a->q_norm, m->q_dim, m->eps);
+            mx_rmsnorm(kt, kt, a->k_norm, m->kv_dim, m->eps);
         }
         for (int h = 0; h < nh; h++) {
             if (m->fam->qk_norm == MX_QK_NORM_HEAD)
-                rmsnorm(qt + h * hd, qt + h * hd, a->q_norm, hd, m->eps);
-            rope(qt + h * hd, hd, ts->rope + t * hd);
+                mx_rmsnorm(qt + h * hd, qt + h * hd, a->q_norm, hd, m->eps);
+            mx_rope(qt + h * hd, hd, ts->rope + t * hd);
         }
         for (int h = 0; h < nkv; h++) {
             if (m->fam->qk_norm == MX_QK_NORM_HEAD)
-                rmsnorm(kt + h * hd, kt + h * hd, a->k_norm, hd, m->eps);
-            rope(kt + h * hd, hd, ts->rope + t * hd);
-            memcpy(kv_at(s, s->k, l, h, pos), kt + h * hd, sizeof(float) * (size_t)hd);
-            memcpy(kv_at(s, s->v, l, h, pos), vt + h * hd, sizeof(float) * (size_t)hd);
+                mx_rmsnorm(kt + h * hd, kt + h * hd, a->k_norm, hd, m->eps);
+            mx_rope(kt + h * hd, hd, ts->rope + t * hd);
+            memcpy(mx_kv_at(s, s->k, l, h, pos), kt + h * hd, sizeof(float) * (size_t)hd);
+            memcpy(mx_kv_at(s, s->v, l, h, pos), vt + h * hd, sizeof(float) * (size_t)hd);
         }
     }
 
     const float scale = 1.0f / sqrtf((float)hd);
-    const int window = m->cfg.sliding_window > 0 && m->cfg.use_sliding_window != 0
-                           ? m->cfg.sliding_window : 0;
 #pragma omp parallel for num_threads(mx_threads()) schedule(dynamic, 1)
     for (int64_t th = 0; th < T * nh; th++) {
         const int64_t t = th / nh;
         const int h = (int)(th % nh), kvh = h / group;
         const mx_seq *s = ts->seq[t];
         const int pos = ts->pos[t];
-        const int start = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
         float *sc = scores + (size_t)omp_get_thread_num() * (size_t)ts->max_ctx;
-        const float *qh = q + t * m->q_dim + h * hd;
-        const float *K = kv_at(s, s->k, l, kvh, 0), *V = kv_at(s, s->v, l, kvh, 0);
-        float mx = -INFINITY;
-        for (int j = start; j <= pos; j++) {
-            const float *kj = K + (size_t)j * hd;
-            float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-            for (int i = 0; i < hd; i++)
-                d += qh[i] * kj[i];
-            sc[j] = d * scale;
-            if (sc[j] > mx)
-                mx = sc[j];
-        }
-        float sum = 0.0f;
-        for (int j = start; j <= pos; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        float *o = att + t * m->q_dim + h * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int j = start; j <= pos; j++) {
-            const float p = sc[j] / sum;
-            const float *vj = V + (size_t)j * hd;
-#pragma omp simd
-            for (int i = 0; i < hd; i++)
-                o[i] += p * vj[i];
-        }
+        mx_attend_head(q + t * m->q_dim + h * hd, mx_kv_at(s, s->k, l, kvh, 0),
+                       mx_kv_at(s, s->v, l, kvh, 0), mx_attn_start(m, pos), pos, hd, scale, sc,
+                       att + t * m->q_dim + h * hd);
     }
     linear(&a->o, att, T, out);
 }
@@ -220,23 +152,6 @@ static int ffn_block(mx_model *m, int l, const float *xn, int64_t T, ffn_scratch
 
 /* ---- embedding and the whole pass --------------------------------------- */
 
-static void embed_row(const mx_model *m, int32_t id, float *out)
-{
-    const mx_linear *E = &m->embed;
-    if (E->quantized) {
-        mx_qmat_row(&E->q, id, out);
-        return;
-    }
-    const size_t off = (size_t)id * (size_t)m->d;
-    for (int i = 0; i < m->d; i++) {
-        switch (E->wdtype) {
-        case MX_F16: out[i] = mx_f16_to_f32(((const uint16_t *)E->w)[off + i]); break;
-        case MX_BF16: out[i] = mx_bf16_to_f32(((const uint16_t *)E->w)[off + i]); break;
-        default: out[i] = ((const float *)E->w)[off + i]; break;
-        }
-    }
-}
-
 static int64_t max_ff(const mx_model *m)
 {
     int64_t f = 1;
@@ -292,8 +207,8 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
     float *rope_cs = p;
 
     for (int64_t t = 0; t < T; t++) {
-        embed_row(m, tokens[t], x + t * d);
-        rope_table(rope_cs + t * m->head_dim, m->head_dim, ts->pos[t], m->rope_inv_freq);
+        mx_embed_row(m, tokens[t], x + t * d);
+        mx_rope_table(rope_cs + t * m->head_dim, m->head_dim, ts->pos[t], m->rope_inv_freq);
     }
     token_slots slots = *ts;
     slots.rope = rope_cs;
@@ -304,12 +219,12 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
     for (int l = 0; l < m->n_layers; l++) {
         const mx_layer *L = &m->layers[l];
         for (int64_t t = 0; t < T; t++)
-            rmsnorm(xn + t * d, x + t * d, L->attn_norm, d, m->eps);
+            mx_rmsnorm(xn + t * d, x + t * d, L->attn_norm, d, m->eps);
         attention_block(m, l, ts, xn, T, q, k, v, att, scores, tmp);
         for (int64_t i = 0; i < T * d; i++)
             x[i] += tmp[i];
         for (int64_t t = 0; t < T; t++)
-            rmsnorm(xn + t * d, x + t * d, L->ffn_norm, d, m->eps);
+            mx_rmsnorm(xn + t * d, x + t * d, L->ffn_norm, d, m->eps);
         float *tr = trace && trace->router_logits ? trace->router_logits + (size_t)l * T * E : NULL;
         int rc = ffn_block(m, l, xn, T, &fs, tmp, tr, e);
         if (rc)
@@ -322,14 +237,14 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
 
     if (all_logits || (trace && trace->hidden)) {
         for (int64_t t = 0; t < T; t++)
-            rmsnorm(xn + t * d, x + t * d, m->final_norm, d, m->eps);
+            mx_rmsnorm(xn + t * d, x + t * d, m->final_norm, d, m->eps);
         if (trace && trace->hidden)
             memcpy(trace->hidden + (size_t)m->n_layers * T * d, xn, sizeof(float) * (size_t)(T * d));
         if (all_logits)
             linear(&m->lm_head, xn, T, all_logits);
     }
     if (logits) {
-        rmsnorm(last, x + (T - 1) * d, m->final_norm, d, m->eps);
+        mx_rmsnorm(last, x + (T - 1) * d, m->final_norm, d, m->eps);
         mx_linear_matvec(&m->lm_head, last, logits);
     }
     return MX_OK;
@@ -357,7 +272,13 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
     int rc = check_tokens(m, tokens, n, e);
     if (rc)
         return rc;
-    /* small calls (decode) use the stack: no allocation per token */
+    if (n == 1 && !trace && mx_decode_ok(m)) {
+        rc = mx_decode_token(m, s, tokens[0], logits, e);
+        if (!rc)
+            s->pos++;
+        return rc;
+    }
+    /* small calls use the stack: no allocation per token */
     mx_seq *seq_small[64];
     int pos_small[64];
     mx_seq **seqs = n <= 64 ? seq_small : malloc(sizeof *seqs * (size_t)n);

@@ -397,6 +397,7 @@ void mx_model_free(mx_model *m)
         free(m->owned[i]);
     free(m->owned);
     free(m->scratch);
+    free(m->dec_buf);
     mx_st_close(m->st);
     mx_config_free(&m->cfg);
     free(m->dir);

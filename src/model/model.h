@@ -1,8 +1,9 @@
 /* model.h - a loaded model and the forward pass.
  *
  * A token's path (forward.c): embedding row -> for each layer
- * [RMSNorm -> attention (attention.c) -> residual -> RMSNorm -> MoE block or
- * dense MLP (ffn.c) -> residual] -> final RMSNorm -> lm_head -> logits.
+ * [RMSNorm -> attention -> residual -> RMSNorm -> MoE block or dense MLP ->
+ * residual] -> final RMSNorm -> lm_head -> logits.  A single decoded token
+ * takes the same path inside one parallel region (decode.c).
  *
  * Weights are views into the mmap'ed safetensors (see load.c); only norm
  * weights and biases are converted to f32 at load.  A sequence's state (KV
@@ -65,9 +66,11 @@ typedef struct mx_model {
     /* allocations to free */
     void **owned;
     int n_owned, cap_owned;
-    /* scratch for forward (grown as needed) */
+    /* scratch for forward and for the decode step (grown as needed) */
     float *scratch;
     size_t scratch_cap;
+    unsigned char *dec_buf;
+    size_t dec_cap;
 } mx_model;
 
 /* Loads DIR (config.json, generation_config.json, safetensors). */

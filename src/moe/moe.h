@@ -41,15 +41,49 @@ void mx_moe_route(const float *logits, int n, int k, int norm_topk, mx_route *r)
 /* Why the fused path would not take this block (NULL when it would). */
 const char *mx_moe_fused_declines(const mx_experts *ex);
 
-/* Is the fused path enabled (MLXCEL_FUSED_MOE, read once; tests may
- * override with mx_moe_set_fused) and what is the largest d_ff it takes
- * (MLXCEL_FUSED_MOE_MAX_DFF). */
+/* Is the fused path enabled (MLXCEL_FUSED_MOE; tests may override with
+ * mx_moe_set_fused) and what is the largest d_ff it takes
+ * (MLXCEL_FUSED_MOE_MAX_DFF).  Both variables are read once, not per layer;
+ * mx_moe_env_reload makes the next call read them again. */
 int mx_moe_fused_enabled(void);
 void mx_moe_set_fused(int on);     /* -1 restores the environment's choice */
 int64_t mx_moe_fused_max_dff(void);
+void mx_moe_env_reload(void);
 
-/* One token: out[d_model] = sum_k w_k * expert_k(x).  Overwrites out. */
+/* One token: out[d_model] = sum_k w_k * expert_k(x).  Overwrites out.
+ * Runs the two phases below in a parallel region of its own. */
 void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float *out);
+
+/* The fused kernel's two phases, for callers that run them inside their
+ * own parallel region (every thread calls each phase with its (ith, nth);
+ * a barrier separates them).  A plan lists the experts of one token: the
+ * routed ones (mx_moe_plan_init) and any SwiGLU MLP added with its own
+ * weight (the Qwen2-MoE shared expert, a dense layer). */
+typedef struct mx_moe_plan {
+    int n;
+    const mx_linear *gate[MX_MAX_TOPK + 1], *up[MX_MAX_TOPK + 1], *down[MX_MAX_TOPK + 1];
+    float w[MX_MAX_TOPK + 1];
+    int64_t off[MX_MAX_TOPK + 2];   /* expert j's rows of h: [off[j], off[j+1]) */
+    int64_t d_model;
+} mx_moe_plan;
+
+void mx_moe_plan_init(mx_moe_plan *p, const mx_experts *ex, const mx_route *r);
+/* Adds one more SwiGLU MLP (at most MX_MAX_TOPK + 1 in all). */
+void mx_moe_plan_add(mx_moe_plan *p, const mx_linear *gate, const mx_linear *up,
+                     const mx_linear *down, float w);
+/* Phase 1: this thread's share of the gate/up rows: h[i] = silu(g_i) * u_i,
+ * h and u of off[n] floats (shared by the threads), x this thread's own. */
+void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int ith, int nth);
+/* Phase 2 (after every thread's phase 1): out[r] = sum_j w_j down_j . h_j
+ * for this thread's share of the d_model rows; scratch (this thread's own)
+ * holds mx_moe_phase2_bytes(p) bytes, 64-byte aligned. */
+size_t mx_moe_phase2_bytes(const mx_moe_plan *p);
+void mx_moe_phase2(const mx_moe_plan *p, const float *h, float *out, int ith, int nth,
+                   void *scratch);
+
+/* Counts n MoE-layer executions on the fused path in the dispatch
+ * statistics (for callers that run the phases themselves). */
+void mx_moe_count_fused(long n);
 
 /* T tokens: out[T, d_model] = sum over each token's route.  Overwrites out. */
 int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,

@@ -46,13 +46,19 @@ void mx_moe_route(const float *logits, int n, int k, int norm_topk, mx_route *r)
     }
 }
 
-static int g_fused = -1;
+static int g_fused = -1;     /* set by mx_moe_set_fused; -1: the environment */
+static int g_fused_env = -1; /* MLXCEL_FUSED_MOE, read once (not per layer) */
 
 int mx_moe_fused_enabled(void)
 {
-    if (g_fused < 0)
-        return mx_env_flag("MLXCEL_FUSED_MOE", 1);
-    return g_fused;
+    if (g_fused >= 0)
+        return g_fused;
+    int v = __atomic_load_n(&g_fused_env, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = mx_env_flag("MLXCEL_FUSED_MOE", 1);
+        __atomic_store_n(&g_fused_env, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }
 
 void mx_moe_set_fused(int on) { g_fused = on < 0 ? -1 : !!on; }
@@ -62,10 +68,24 @@ void mx_moe_set_fused(int on) { g_fused = on < 0 ? -1 : !!on; }
  * d_ff 16384 and turns into a loss by 24576; Mixtral's 14336 still gains. */
 #define MX_FUSED_MAX_DFF_DEFAULT 16384
 
+static long g_max_dff_env = -1;   /* MLXCEL_FUSED_MOE_MAX_DFF, read once */
+
+void mx_moe_env_reload(void)
+{
+    __atomic_store_n(&g_fused_env, -1, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_max_dff_env, -1, __ATOMIC_RELAXED);
+}
+
 int64_t mx_moe_fused_max_dff(void)
 {
-    long v = mx_env_long("MLXCEL_FUSED_MOE_MAX_DFF", MX_FUSED_MAX_DFF_DEFAULT);
-    return v > 0 ? v : MX_FUSED_MAX_DFF_DEFAULT;
+    long v = __atomic_load_n(&g_max_dff_env, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = mx_env_long("MLXCEL_FUSED_MOE_MAX_DFF", MX_FUSED_MAX_DFF_DEFAULT);
+        if (v <= 0)
+            v = MX_FUSED_MAX_DFF_DEFAULT;
+        __atomic_store_n(&g_max_dff_env, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }
 
 static atomic_long g_fused_count, g_gather_count;
@@ -75,6 +95,8 @@ void mx_moe_stats_get(mx_moe_stats *s)
     s->fused = atomic_load(&g_fused_count);
     s->gather = atomic_load(&g_gather_count);
 }
+
+void mx_moe_count_fused(long n) { atomic_fetch_add(&g_fused_count, n); }
 
 void mx_moe_stats_reset(void)
 {

@@ -446,6 +446,103 @@ mvq4_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *y
         }
 }
 
+/* One vector times R (1 or 2) rows rr[] (outputs *yr[i]), columns
+ * [c0, c0+n) of a pass: the decode matvec.  The rows' scales times the
+ * vector's steps (s_g * dx_g) are made 16 groups at a time into registers,
+ * so the block loop loads only weights and x: with two rows per pass (two
+ * weight streams, which is what this memory system streams best) the loads
+ * are what limits it, and a scale array on the stack cost one load more per
+ * block (~9% on Zen 4).  Bit for bit what mvq4_pass computes for TC = 1:
+ * the same products and sums in the same order. */
+static inline __attribute__((always_inline)) void
+mv1_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, const int R,
+         int64_t c0, int n, const int gs)
+{
+    const int lg = gs / 8 >= 16 ? 16 : gs / 8;      /* lanes per group within a block */
+    const int gpb = 128 / gs;                        /* groups per block: 4, 2 or 1 */
+    const int ngc = n / gs, nfull = n / 128, tailb = (n % 128) / 2;
+    const int64_t rb = mx_qmat_row_bytes(m), G = mx_qmat_groups(m);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i idx0 = _mm512_set_epi32(15 / lg, 14 / lg, 13 / lg, 12 / lg, 11 / lg, 10 / lg,
+                                          9 / lg, 8 / lg, 7 / lg, 6 / lg, 5 / lg, 4 / lg,
+                                          3 / lg, 2 / lg, 1 / lg, 0);
+    const __m512i step = _mm512_set1_epi32(gpb);
+    const float *dx = L->dx + c0 / gs, *xs = L->xsum + c0 / gs;
+    const int8_t *xc = L->x4 + (c0 / 128) * 384;
+    const uint8_t *w[2];
+    __m512 acc[2], bacc[2], sreg[2];
+    UNROLL for (int i = 0; i < R; i++) {
+        w[i] = m->w + rr[i] * rb + c0 / 2;
+        acc[i] = bacc[i] = _mm512_setzero_ps();
+    }
+    for (int g0 = 0; g0 < ngc; g0 += 16) {
+        const __mmask16 gm = mask16(ngc - g0);
+        const __m512 dx16 = _mm512_maskz_loadu_ps(gm, dx + g0), xs16 = _mm512_maskz_loadu_ps(gm, xs + g0);
+        UNROLL for (int i = 0; i < R; i++) {
+            const int64_t gi = rr[i] * G + c0 / gs + g0;
+            sreg[i] = _mm512_mul_ps(load16_s(m->scales, m->sdtype, gi, gm), dx16);
+            bacc[i] = _mm512_fmadd_ps(load16_s(m->biases, m->sdtype, gi, gm), xs16, bacc[i]);
+        }
+        const int b0 = g0 / gpb, bend = b0 + 16 / gpb;
+        const int b1 = bend < nfull ? bend : nfull;
+        __m512i idx = idx0;
+        for (int b = b0; b < b1; b++, idx = _mm512_add_epi32(idx, step)) {
+            __m512i x[6];
+            UNROLL for (int k = 0; k < 6; k++) {
+                x[k] = _mm512_loadu_si512(xc + b * 384 + 64 * k);
+                __asm__("" : "+v"(x[k]));   /* loaded once for both rows */
+            }
+            UNROLL for (int i = 0; i < R; i++) {
+                __m512i v = _mm512_loadu_si512(w[i] + 64 * b);
+                __asm__("" : "+v"(v));      /* one load, not one per use */
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4_levels(v, x, nib)),
+                                         _mm512_permutexvar_ps(idx, sreg[i]), acc[i]);
+            }
+        }
+        if (tailb && nfull >= b0 && nfull < bend) {
+            /* a last block of 32, 64 or 96 values: zero bytes give q = 0 */
+            const __mmask64 tm = ((__mmask64)1 << tailb) - 1;
+            idx = _mm512_add_epi32(idx0, _mm512_set1_epi32(gpb * (nfull - b0)));
+            __m512i x[6];
+            UNROLL for (int k = 0; k < 6; k++)
+                x[k] = _mm512_loadu_si512(xc + nfull * 384 + 64 * k);
+            UNROLL for (int i = 0; i < R; i++) {
+                __m512i v = _mm512_maskz_loadu_epi8(tm, w[i] + 64 * nfull);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4_levels(v, x, nib)),
+                                         _mm512_permutexvar_ps(idx, sreg[i]), acc[i]);
+            }
+        }
+    }
+    const int first = c0 == 0;
+    UNROLL for (int i = 0; i < R; i++)
+        *yr[i] = (first ? 0.0f : *yr[i]) + _mm512_reduce_add_ps(acc[i]) + _mm512_reduce_add_ps(bacc[i]);
+}
+
+/* mv1_pass instantiated for each row count and group size as a function of
+ * its own: inlined into the larger mvq4 body, GCC 12 ran out of registers
+ * and spilled two of the six x registers in the block loop. */
+#define MV1_FN(R, GS)                                                                        \
+    static __attribute__((noinline)) void mv1_r##R##_g##GS(const mx_qmat *m, const vlayout *L, \
+                                                          const int64_t *rr, float *const *yr,  \
+                                                          int64_t c0, int n)                   \
+    {                                                                                        \
+        mv1_pass(m, L, rr, yr, R, c0, n, GS);                                                \
+    }
+MV1_FN(1, 32) MV1_FN(2, 32) MV1_FN(1, 64) MV1_FN(2, 64) MV1_FN(1, 128) MV1_FN(2, 128)
+#undef MV1_FN
+
+static inline __attribute__((always_inline)) void
+mv1(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, int R, int64_t c0,
+    int n, const int gs)
+{
+    if (gs == 64)
+        (R == 2 ? mv1_r2_g64 : mv1_r1_g64)(m, L, rr, yr, c0, n);
+    else if (gs == 32)
+        (R == 2 ? mv1_r2_g32 : mv1_r1_g32)(m, L, rr, yr, c0, n);
+    else
+        (R == 2 ? mv1_r2_g128 : mv1_r1_g128)(m, L, rr, yr, c0, n);
+}
+
 /* Rows [r0, r1) times T vectors, for one group size: R rows per pass taken
  * from R equal parts of the range (R weight streams in flight, each
  * sequential), TC vectors at a time (the rows' weights stay in L1 for the
@@ -473,8 +570,7 @@ mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, in
                 yr[j] = Y + (rr[j] - r0);
             }
             if (T == 1) {
-                if (nr == R1) mvq4_pass(m, L, rr, yr, ldy, R1, 1, c0, n, sc, gs);
-                else mvq4_pass(m, L, rr, yr, ldy, 1, 1, c0, n, sc, gs);
+                mv1(m, L, rr, yr, nr, c0, n, gs);
                 continue;
             }
             int64_t t = 0;
@@ -485,8 +581,7 @@ mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, in
             }
             for (; t < T; t++) {
                 float *yt[RT] = { yr[0] + t * ldy, yr[nr > 1] + t * ldy };
-                if (nr == RT) mvq4_pass(m, L + t, rr, yt, ldy, RT, 1, c0, n, sc, gs);
-                else mvq4_pass(m, L + t, rr, yt, ldy, 1, 1, c0, n, sc, gs);
+                mv1(m, L + t, rr, yt, nr, c0, n, gs);
             }
         }
     }

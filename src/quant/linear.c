@@ -92,6 +92,56 @@ void mx_linear_matmul(const mx_linear *l, const float *X, int64_t T, float *Y)
     add_bias(l, T, Y);
 }
 
+/* ---- prepared vectors and row ranges ------------------------------------ */
+
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static size_t slot_bytes(const mx_qkernels *k, int64_t cols)
+{
+    size_t b = 0;
+    for (int gs = 32; gs <= 128; gs *= 2)
+        if (cols % gs == 0 && al64(k->prep_bytes(cols, gs)) > b)
+            b = al64(k->prep_bytes(cols, gs));
+    return b;
+}
+
+size_t mx_vec_bytes(int64_t cols) { return 3 * slot_bytes(mx_qkernels_active(), cols); }
+
+void mx_vec_init(mx_vec *v, const float *x, int64_t cols, void *buf)
+{
+    v->x = x;
+    v->cols = cols;
+    v->buf = buf;
+    v->k = mx_qkernels_active();
+    v->slot = slot_bytes(v->k, cols);
+    v->ready = 0;
+}
+
+const void *mx_vec_prep(mx_vec *v, int gs)
+{
+    const int i = gs == 32 ? 0 : gs == 64 ? 1 : 2;
+    unsigned char *p = v->buf + (size_t)i * v->slot;
+    if (!(v->ready & (1u << i))) {
+        v->k->prep(v->x, v->cols, gs, p);
+        v->ready |= 1u << i;
+    }
+    return p;
+}
+
+void mx_linear_rows(const mx_linear *l, mx_vec *x, float *y, int64_t r0, int64_t r1)
+{
+    if (r1 <= r0)
+        return;
+    if (l->quantized)
+        x->k->matvec_rows(&l->q, x->x, mx_vec_prep(x, l->q.group_size), y + r0, r0, r1);
+    else
+        for (int64_t r = r0; r < r1; r++)
+            y[r] = dot_row(l->w, l->wdtype, r, l->cols, x->x);
+    if (l->bias)
+        for (int64_t r = r0; r < r1; r++)
+            y[r] += l->bias[r];
+}
+
 size_t mx_linear_bytes(const mx_linear *l)
 {
     size_t n = l->quantized ? mx_qmat_bytes(&l->q)

@@ -142,6 +142,28 @@ typedef struct mx_linear {
     const float *bias;       /* optional [rows], f32 (owned by the model) */
 } mx_linear;
 
+/* A vector x prepared for the matvec kernels, once per group size it meets
+ * (on first use) and then shared by every matrix and row range that reads
+ * it.  One mx_vec belongs to one thread at a time; buf holds
+ * mx_vec_bytes(cols) bytes, 64-byte aligned. */
+typedef struct mx_vec {
+    const float *x;
+    int64_t cols;
+    unsigned char *buf;          /* three slots, group sizes 32, 64, 128 */
+    size_t slot;                 /* bytes per slot */
+    unsigned ready;              /* bit i: slot i prepared */
+    const mx_qkernels *k;        /* the variant that prepares and reads it */
+} mx_vec;
+
+size_t mx_vec_bytes(int64_t cols);
+void mx_vec_init(mx_vec *v, const float *x, int64_t cols, void *buf);
+/* The prepared form for group size gs (32, 64 or 128), made on first use. */
+const void *mx_vec_prep(mx_vec *v, int gs);
+
+/* y[r] = (W x)[r] + bias[r] for r in [r0, r1) only, on the calling thread
+ * (the caller splits rows over its threads).  x->cols == l->cols. */
+void mx_linear_rows(const mx_linear *l, mx_vec *x, float *y, int64_t r0, int64_t r1);
+
 /* y[rows] = W x + bias.  Threaded. */
 void mx_linear_matvec(const mx_linear *l, const float *x, float *y);
 /* Y[T, rows] = X[T, cols] W^T + bias.  Threaded. */

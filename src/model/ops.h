@@ -1,0 +1,130 @@
+/* ops.h - the small per-token operations shared by the forward pass
+ * (forward.c) and the single-token decode step (decode.c): RMSNorm, RoPE,
+ * the KV cache layout, one head of attention.  Internal to src/model.
+ *
+ * Numerics follow transformers in float32: RMSNorm with the mean of squares
+ * (accumulated in double here, which only rounds closer), rotate-half RoPE
+ * with float inverse frequencies, softmax attention scaled by
+ * head_dim^-0.5. */
+#ifndef MX_MODEL_OPS_H
+#define MX_MODEL_OPS_H
+
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "util/half.h"
+
+/* 1 / rms(x), the factor RMSNorm applies before its weight. */
+static inline float mx_rms_inv(const float *x, int64_t n, float eps)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    return 1.0f / sqrtf((float)(ss / (double)n) + eps);
+}
+
+/* out = w * (x / rms(x)); out may be x. */
+static inline void mx_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    const float r = mx_rms_inv(x, n, eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = w[i] * (x[i] * r);
+}
+
+/* cos and sin of position pos times each inverse frequency, in float as
+ * transformers computes them: cs[2i], cs[2i+1] for i < hd/2. */
+static inline void mx_rope_table(float *cs, int hd, int pos, const float *inv_freq)
+{
+    for (int i = 0; i < hd / 2; i++) {
+        float f = (float)pos * inv_freq[i];
+        cs[2 * i] = cosf(f);
+        cs[2 * i + 1] = sinf(f);
+    }
+}
+
+/* Rotate-half RoPE on one head vector with a rope table. */
+static inline void mx_rope(float *v, int hd, const float *cs)
+{
+    const int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+    }
+}
+
+/* Row `pos` of kv head `kvh` of layer `layer` in a cache laid out
+ * [layers][n_kv][n_ctx][head_dim]. */
+static inline float *mx_kv_at(const mx_seq *s, float *base, int layer, int kvh, int pos)
+{
+    const mx_model *m = s->m;
+    return base + (((size_t)layer * m->n_kv + kvh) * (size_t)s->n_ctx + (size_t)pos) * m->head_dim;
+}
+
+/* out[hd] = softmax(scale * q . K[j]) weighted sum of V[j] over positions
+ * j in [start, pos]; K, V point at position 0 of the head's cache rows;
+ * sc holds pos + 1 floats of scratch. */
+static inline void mx_attend_head(const float *q, const float *K, const float *V, int start,
+                                  int pos, int hd, float scale, float *sc, float *out)
+{
+    float mx = -INFINITY;
+    for (int j = start; j <= pos; j++) {
+        const float *kj = K + (size_t)j * hd;
+        float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+        for (int i = 0; i < hd; i++)
+            d += q[i] * kj[i];
+        sc[j] = d * scale;
+        if (sc[j] > mx)
+            mx = sc[j];
+    }
+    float sum = 0.0f;
+    for (int j = start; j <= pos; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    memset(out, 0, sizeof(float) * (size_t)hd);
+    for (int j = start; j <= pos; j++) {
+        const float p = sc[j] / sum;
+        const float *vj = V + (size_t)j * hd;
+#pragma omp simd
+        for (int i = 0; i < hd; i++)
+            out[i] += p * vj[i];
+    }
+}
+
+/* First position a token at pos attends to (sliding-window models). */
+static inline int mx_attn_start(const mx_model *m, int pos)
+{
+    const int window = m->cfg.sliding_window > 0 && m->cfg.use_sliding_window != 0
+                           ? m->cfg.sliding_window : 0;
+    return window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* Row `id` of the embedding table as f32. */
+static inline void mx_embed_row(const mx_model *m, int32_t id, float *out)
+{
+    const mx_linear *E = &m->embed;
+    if (E->quantized) {
+        mx_qmat_row(&E->q, id, out);
+        return;
+    }
+    const size_t off = (size_t)id * (size_t)m->d;
+    for (int i = 0; i < m->d; i++) {
+        switch (E->wdtype) {
+        case MX_F16: out[i] = mx_f16_to_f32(((const uint16_t *)E->w)[off + i]); break;
+        case MX_BF16: out[i] = mx_bf16_to_f32(((const uint16_t *)E->w)[off + i]); break;
+        default: out[i] = ((const float *)E->w)[off + i]; break;
+        }
+    }
+}
+
+/* Single-token decode in one parallel region (decode.c): whether this model
+ * can take it now (the fused MoE path enabled and taking every MoE layer),
+ * and the step itself. */
+int mx_decode_ok(const mx_model *m);
+int mx_decode_token(mx_model *m, mx_seq *s, int32_t token, float *logits, mx_err *e);
+
+#endif
