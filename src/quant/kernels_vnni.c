@@ -730,9 +730,7 @@ static void build_tile(const mx_qmat *m, int64_t rt, int nr, int64_t k0, int kc,
 #define ACC_ZERO(j) __m512i a0_##j = _mm512_setzero_si512(), a1_##j = a0_##j;
 #define ACC_STEP(j)                                                               \
     if (j < nt) {                                                                 \
-        int32_t x4;                                                               \
-        memcpy(&x4, xb + j * cols + k, 4);                                        \
-        __m512i xv = _mm512_set1_epi32(x4);                                       \
+        __m512i xv = _mm512_set1_epi32(xk[j]);                                    \
         DPBUSD(a0_##j, w0, xv);                                                   \
         DPBUSD(a1_##j, w1, xv);                                                   \
     }
@@ -743,33 +741,33 @@ static void build_tile(const mx_qmat *m, int64_t rt, int nr, int64_t k0, int kc,
     }
 #define ACC_STORE(j)                                                              \
     if (j < nt)                                                                   \
-        epilogue(a0_##j, a1_##j, s0, s1, b0, b1, xq, t0 + j, ng, gi, Y + (t0 + j) * ldy, \
-                 m0, m1, part, first && g == 0 && part == 0);
+        epilogue(a0_##j, a1_##j, s0, s1, b0, b1, xq, t0 + j, ng, gi, yl + j * RB, part);
 
-/* sum over one group's columns of tile x byte level xb, all nt tokens: per 4
- * columns one 4-byte broadcast of x and two vpdpbusd (32 rows) per token. */
-#define DOT_LEVEL(XB)                                                             \
+/* sum over one group's columns of tile x byte level XL, all nt tokens: per
+ * 4 columns one 4-byte broadcast of x and two vpdpbusd (32 rows) per token;
+ * the nt tokens' 4 bytes are consecutive (the token-interleaved layout), so
+ * a k-step reads one line of x, not one per token. */
+#define DOT_LEVEL(XL)                                                             \
     do {                                                                          \
-        const int8_t *xb = (XB);                                                  \
+        const int32_t *xl = (const int32_t *)(const void *)(XL);                  \
         for (int k = 0; k < gs; k += 4) {                                         \
             __m512i w0 = _mm512_load_si512(tg + k * RB);                          \
             __m512i w1 = _mm512_load_si512(tg + k * RB + 64);                     \
+            const int32_t *xk = xl + ((k0 + g * gs + k) / 4) * T + t0;            \
             REP12(ACC_STEP)                                                       \
         }                                                                         \
     } while (0)
 
-/* Adds one token's group result to Y[rows]: part 0 is a = 256*sum q*xh +
- * sum q*xm (scale 256*s*dx), part 1 is sum q*xl (scale s*dx) plus the bias
- * term b * sum(x). */
+/* Adds one token's group result to its RB outputs yl (the tile's local
+ * block): part 0 is a = 256*sum q*xh + sum q*xm (scale 256*s*dx), part 1 is
+ * sum q*xl (scale s*dx) plus the bias term b * sum(x). */
 static inline __attribute__((always_inline)) void
 epilogue(__m512i a0, __m512i a1, __m512 s0, __m512 s1, __m512 b0, __m512 b1, const xquant *xq,
-         int64_t t, int64_t ng, int64_t gi, float *yj, __mmask16 m0, __mmask16 m1, int part,
-         int fresh)
+         int64_t t, int64_t ng, int64_t gi, float *yl, int part)
 {
     float dxj = xq->dx[t * ng + gi];
     __m512 d = _mm512_set1_ps(part ? dxj : 256.0f * dxj);
-    __m512 y0 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, yj);
-    __m512 y1 = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, yj + 16);
+    __m512 y0 = _mm512_load_ps(yl), y1 = _mm512_load_ps(yl + 16);
     y0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_mul_ps(s0, d), y0);
     y1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_mul_ps(s1, d), y1);
     if (part) {
@@ -777,42 +775,60 @@ epilogue(__m512i a0, __m512i a1, __m512 s0, __m512 s1, __m512 b0, __m512 b1, con
         y0 = _mm512_fmadd_ps(b0, xs, y0);
         y1 = _mm512_fmadd_ps(b1, xs, y1);
     }
-    _mm512_mask_storeu_ps(yj, m0, y0);
-    _mm512_mask_storeu_ps(yj + 16, m1, y1);
+    _mm512_store_ps(yl, y0);
+    _mm512_store_ps(yl + 16, y1);
 }
 
 /* Y[t][rows] (+)= the contribution of one tile's groups for nt <= 12 tokens.
- * tile: [kc/4][RB] 32-bit lanes; ts/tb: [groups][RB] scales and biases. */
+ * tile: [kc/4][RB] 32-bit lanes; ts/tb: [groups][RB] scales and biases.
+ * The groups' results are summed in a local block yl[nt][RB] (contiguous:
+ * Y's rows are a multiple of 4 KB apart for the usual widths, so its lines
+ * for 12 tokens share an L1 set) and added to Y once per tile. */
 static inline __attribute__((always_inline)) void
 tile_tokens(const uint8_t *tile, const float *ts, const float *tb, int kc, int gs,
-            const xquant *xq, int64_t cols, int64_t k0, int64_t t0, float *Y, int64_t ldy,
-            __mmask16 m0, __mmask16 m1, int first, const int nt)
+            const xquant *xq, int64_t T, int64_t cols, int64_t k0, int64_t t0, float *Y,
+            int64_t ldy, __mmask16 m0, __mmask16 m1, int first, const int nt)
 {
     const int64_t ng = cols / gs;
+    _Alignas(64) float yl[12 * RB];
+    for (int j = 0; j < nt * RB; j += 16)
+        _mm512_store_ps(yl + j, _mm512_setzero_ps());
     for (int g = 0; g < kc / gs; g++) {
         const uint8_t *tg = tile + (size_t)g * gs * RB;      /* gs/4 steps of RB*4 bytes */
-        const int64_t xo = t0 * cols + k0 + g * gs, gi = (k0 + g * gs) / gs;
+        const int64_t gi = (k0 + g * gs) / gs;
         __m512 s0 = _mm512_load_ps(ts + g * RB), s1 = _mm512_load_ps(ts + g * RB + 16);
         __m512 b0 = _mm512_load_ps(tb + g * RB), b1 = _mm512_load_ps(tb + g * RB + 16);
         {
             const int part = 0;
             REP12(ACC_ZERO)
-            DOT_LEVEL(xq->h + xo);
+            DOT_LEVEL(xq->h);
             REP12(ACC_SHIFT)
-            DOT_LEVEL(xq->m + xo);
+            DOT_LEVEL(xq->m);
             REP12(ACC_STORE)
         }
         {
             const int part = 1;
             REP12(ACC_ZERO)
-            DOT_LEVEL(xq->l + xo);
+            DOT_LEVEL(xq->l);
             REP12(ACC_STORE)
         }
+    }
+    for (int j = 0; j < nt; j++) {
+        float *yj = Y + (t0 + j) * ldy;
+        __m512 y0 = _mm512_load_ps(yl + j * RB), y1 = _mm512_load_ps(yl + j * RB + 16);
+        if (!first) {
+            y0 = _mm512_add_ps(y0, _mm512_maskz_loadu_ps(m0, yj));
+            y1 = _mm512_add_ps(y1, _mm512_maskz_loadu_ps(m1, yj + 16));
+        }
+        _mm512_mask_storeu_ps(yj, m0, y0);
+        _mm512_mask_storeu_ps(yj + 16, m1, y1);
     }
 }
 
 /* Layout of the prepared activations of T tokens: dx, xs [T][ng] floats,
- * then the three int8 levels h, m, l [T][cols]. */
+ * then the three int8 levels h, m, l, each token-interleaved by 4 columns:
+ * [cols/4][T][4] (the 4 bytes a k-step broadcasts, for consecutive tokens
+ * side by side). */
 static xquant mm_layout(void *buf, int64_t T, int64_t cols, int gs)
 {
     const size_t nx = (size_t)(T * cols), ns = (size_t)(T * (cols / gs));
@@ -834,12 +850,17 @@ static void mm_prep_vnni(const float *X, int64_t ldx, int64_t T, int64_t t0, int
 {
     const int64_t ng = cols / gs;
     xquant xq = mm_layout(buf, T, cols, gs);
+    _Alignas(64) int8_t q[3][128];
+    int8_t *lv[3] = {xq.h, xq.m, xq.l};
     for (int64_t t = t0; t < t1; t++) {
         const float *xt = X + t * ldx;
         mx_group_sums(xt, cols, gs, xq.xs + t * ng);
-        for (int64_t g = 0; g < ng; g++)
-            xq.dx[t * ng + g] = quant_group(xt + g * gs, gs, xq.h + t * cols + g * gs,
-                                            xq.m + t * cols + g * gs, xq.l + t * cols + g * gs);
+        for (int64_t g = 0; g < ng; g++) {
+            xq.dx[t * ng + g] = quant_group(xt + g * gs, gs, q[0], q[1], q[2]);
+            for (int l = 0; l < 3; l++)
+                for (int c = 0; c < gs; c += 4)   /* 4 bytes to [col/4][t] */
+                    memcpy(lv[l] + ((g * gs + c) / 4 * T + t) * 4, q[l] + c, 4);
+        }
     }
 }
 
@@ -869,13 +890,13 @@ static void matmul_rows_prepped_vnni(const mx_qmat *m, const void *xp, int64_t T
             float *Yt = Y + rt;
             int64_t t = 0;
             for (; t + TB <= T; t += TB)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, TB);
+                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, TB);
             for (; t + 8 <= T; t += 8)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 8);
+                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 8);
             for (; t + 4 <= T; t += 4)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 4);
+                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 4);
             for (; t < T; t++)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, cols, k0, t, Yt, ldy, m0, m1, first, 1);
+                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 1);
         }
     }
 }
