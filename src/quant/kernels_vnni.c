@@ -315,6 +315,13 @@ mv_int(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, con
 
 /* ---- 4-bit matvec: R rows x TC vectors per pass ------------------------- */
 
+#ifndef MVQ_RT
+#define MVQ_RT 2
+#endif
+#ifndef MVQ_TC
+#define MVQ_TC 4
+#endif
+
 /* GCC and clang both take this: the constant-trip loops over rows and
  * vectors below must be unrolled so their accumulators live in registers. */
 #define UNROLL _Pragma("GCC unroll 16")
@@ -551,17 +558,18 @@ static inline __attribute__((always_inline)) void
 mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, int64_t r0,
         int64_t r1, const int gs)
 {
-    enum { R1 = 2, RT = 2, TCM = 4 };   /* rows per pass: one vector / several; vectors per pass */
-    _Alignas(64) float sc[R1 * (XCH / 32 + 16)];
+    /* rows per pass for one vector / for several; vectors per pass */
+    enum { R1 = 2, RT = MVQ_RT, TCM = MVQ_TC, RMAX = R1 > RT ? R1 : RT };
+    _Alignas(64) float sc[RMAX * (XCH / 32 + 16)];
     for (int64_t c0 = 0; c0 < m->cols; c0 += XCH) {
         int n = (int)(m->cols - c0 < XCH ? m->cols - c0 : XCH);    /* multiple of gs */
-        for (int i = 0; i < R1; i++)     /* padding lanes multiply zero sums: keep them finite */
+        for (int i = 0; i < RMAX; i++)   /* padding lanes multiply zero sums: keep them finite */
             for (int g = n / gs; g < n / gs + 16; g++)
                 sc[i * (XCH / 32 + 16) + g] = 0;
         const int R = T == 1 ? R1 : RT;
         const int64_t q = (r1 - r0) / R;
-        int64_t rr[R1];
-        float *yr[R1];
+        int64_t rr[RMAX];
+        float *yr[RMAX];
         for (int64_t i = 0; i < (r1 - r0) - q * (R - 1); i++) {
             /* i < q: R rows, one from each part; then the rest one by one */
             const int nr = i < q ? R : 1;
@@ -574,15 +582,20 @@ mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, in
                 continue;
             }
             int64_t t = 0;
+            float *yt[RMAX];
             for (; t + TCM <= T; t += TCM) {
-                float *yt[RT] = { yr[0] + t * ldy, yr[nr > 1] + t * ldy };
+                for (int j = 0; j < nr; j++)
+                    yt[j] = yr[j] + t * ldy;
                 if (nr == RT) mvq4_pass(m, L + t, rr, yt, ldy, RT, TCM, c0, n, sc, gs);
                 else mvq4_pass(m, L + t, rr, yt, ldy, 1, TCM, c0, n, sc, gs);
             }
-            for (; t < T; t++) {
-                float *yt[RT] = { yr[0] + t * ldy, yr[nr > 1] + t * ldy };
-                mv1(m, L + t, rr, yt, nr, c0, n, gs);
-            }
+            /* the last T % TCM vectors one at a time, as matvec_rows does
+             * them (the results are the same bits either way) */
+            for (; t < T; t++)
+                for (int j = 0; j < nr; j += 2) {
+                    float *y2[2] = { yr[j] + t * ldy, yr[j + (j + 1 < nr)] + t * ldy };
+                    mv1(m, L + t, rr + j, y2, j + 1 < nr ? 2 : 1, c0, n, gs);
+                }
         }
     }
 }
