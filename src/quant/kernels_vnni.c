@@ -321,6 +321,8 @@ mv_int(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, con
 #ifndef MVQ_TC
 #define MVQ_TC 4
 #endif
+_Static_assert(MVQ_RT >= 1 && MVQ_RT <= 4 && MVQ_TC >= 1 && MVQ_TC <= 4,
+               "mvq4_pass keeps at most 4 x 4 accumulators");
 
 /* GCC and clang both take this: the constant-trip loops over rows and
  * vectors below must be unrolled so their accumulators live in registers. */
