@@ -1,67 +1,185 @@
 /* gather.c - the general expert path for any number of tokens.
  *
- * (token, expert) pairs are grouped by expert; each selected expert runs its
- * gate/up/down as quantized matmuls over just its tokens, so its weights are
- * streamed once per batch, and results are scattered back weighted by the
- * router.  Single-token experts use the matvec kernel. */
+ * (token, expert) pairs are grouped by expert, so each selected expert's
+ * weights are streamed once per call for all of its tokens, and all experts
+ * of the block run in one parallel region, in five steps:
+ *   1  each expert's tokens (gathered rows of x) prepared as a batch
+ *   2  the gate and up rows of every selected expert in chunks, handed out
+ *      dynamically (experts differ in token count, so in work), with
+ *      h = silu(g) * u for the chunk's rows
+ *   3  each expert's h prepared as a batch
+ *   4  the down rows, the same way
+ *   5  each token's output: its experts' rows weighted by the router
+ * A batch of a few tokens runs the matvec kernel over each weight line once
+ * for all of them; a large one the prefill (tile) kernel (quant/batch.c). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "moe/moe.h"
+#include "util/parallel.h"
+
+#define ROW_CHUNK 64   /* rows per work item: a multiple of the tile kernel's 32 */
+#define TOK_CHUNK 8    /* tokens per preparation item */
+
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Scratch reused across calls by the thread that calls (one block at a time
+ * per thread): the sizes repeat from layer to layer, and fresh large
+ * allocations would fault in their pages every time. */
+static _Thread_local unsigned char *t_buf;
+static _Thread_local size_t t_cap;
+
+static unsigned char *scratch(size_t n)
+{
+    if (n > t_cap) {
+        free(t_buf);
+        t_buf = aligned_alloc(64, al64(n));
+        t_cap = t_buf ? n : 0;
+    }
+    return t_buf;
+}
+
+typedef struct group {
+    int e;               /* expert */
+    int64_t off, n;      /* its slots [off, off+n) */
+    mx_batch bx, bh;     /* its x rows and its h rows, prepared */
+} group;
 
 int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,
                   float *out, mx_err *e)
 {
     const int64_t D = ex->d_model, F = ex->d_ff;
-    /* count tokens per expert */
-    int64_t *count = calloc((size_t)ex->n, sizeof *count);
-    int64_t *tok = malloc(sizeof *tok * (size_t)T * MX_MAX_TOPK);
-    float *wt = malloc(sizeof *wt * (size_t)T * MX_MAX_TOPK);
-    int64_t maxn = 0;
+    int64_t P = 0;                       /* (token, expert) slots */
     for (int64_t t = 0; t < T; t++)
-        for (int j = 0; j < routes[t].k; j++)
-            if (++count[routes[t].idx[j]] > maxn)
-                maxn = count[routes[t].idx[j]];
-    float *xs = malloc(sizeof *xs * (size_t)(maxn * D + 2 * maxn * F + maxn * D));
-    if (!count || !tok || !wt || (maxn && !xs)) {
-        free(count), free(tok), free(wt), free(xs);
+        P += routes[t].k;
+    if (P == 0) {
+        memset(out, 0, sizeof *out * (size_t)(T * D));
+        return MX_OK;
+    }
+    int64_t *count = calloc((size_t)ex->n, sizeof *count);
+    int64_t *slot_of = malloc(sizeof *slot_of * (size_t)P);   /* token t's j-th -> slot */
+    group *grp = malloc(sizeof *grp * (size_t)ex->n);
+    if (!count || !slot_of || !grp) {
+        free(count), free(slot_of), free(grp);
         return mx_fail(e, MX_ENOMEM, "moe gather: out of memory for %lld tokens", (long long)T);
     }
-    float *g = xs + maxn * D, *u = g + maxn * F, *y = u + maxn * F;
-    memset(out, 0, sizeof *out * (size_t)(T * D));
-
-    for (int ei = 0; ei < ex->n; ei++) {
-        if (!count[ei])
-            continue;
-        int64_t n = 0;
-        for (int64_t t = 0; t < T; t++)
-            for (int j = 0; j < routes[t].k; j++)
-                if (routes[t].idx[j] == ei) {
-                    tok[n] = t;
-                    wt[n] = routes[t].w[j];
-                    memcpy(xs + n * D, x + t * D, sizeof *xs * (size_t)D);
-                    n++;
-                }
-        if (n == 1) {
-            mx_linear_matvec(&ex->gate[ei], xs, g);
-            mx_linear_matvec(&ex->up[ei], xs, u);
-        } else {
-            mx_linear_matmul(&ex->gate[ei], xs, n, g);
-            mx_linear_matmul(&ex->up[ei], xs, n, u);
+    for (int64_t t = 0; t < T; t++)
+        for (int j = 0; j < routes[t].k; j++)
+            count[routes[t].idx[j]]++;
+    /* groups in expert order; slots grouped by expert */
+    int ng = 0;
+    int64_t off = 0, *first = calloc((size_t)ex->n, sizeof *first);
+    if (!first) {
+        free(count), free(slot_of), free(grp);
+        return mx_fail(e, MX_ENOMEM, "moe gather: out of memory");
+    }
+    for (int i = 0; i < ex->n; i++)
+        if (count[i]) {
+            grp[ng] = (group){.e = i, .off = off, .n = count[i]};
+            first[i] = off;
+            off += count[i];
+            ng++;
         }
-        for (int64_t i = 0; i < n * F; i++)
-            g[i] = mx_silu(g[i]) * u[i];
-        if (n == 1)
-            mx_linear_matvec(&ex->down[ei], g, y);
-        else
-            mx_linear_matmul(&ex->down[ei], g, n, y);
-        for (int64_t i = 0; i < n; i++) {
-            float *o = out + tok[i] * D;
-            const float *yi = y + i * D;
-            for (int64_t d = 0; d < D; d++)
-                o[d] += wt[i] * yi[d];
+    /* scratch: xs [P][D], g, u [P][F], y [P][D], then the batches */
+    const int gsx = ex->gate[grp[0].e].quantized ? ex->gate[grp[0].e].q.group_size : 64;
+    const int gsh = ex->down[grp[0].e].quantized ? ex->down[grp[0].e].q.group_size : 64;
+    size_t need = al64((size_t)(P * D) * sizeof(float)) * 2 + al64((size_t)(P * F) * sizeof(float)) * 2;
+    for (int i = 0; i < ng; i++)
+        need += al64(mx_batch_bytes(grp[i].n, D, gsx)) + al64(mx_batch_bytes(grp[i].n, F, gsh));
+    unsigned char *buf = scratch(need);
+    float *wslot = malloc(sizeof *wslot * (size_t)P);
+    int64_t *tbase = malloc(sizeof *tbase * (size_t)(T + 1));   /* token t's first in slot_of */
+    if (!buf || !wslot || !tbase) {
+        free(wslot), free(tbase);
+        free(count), free(slot_of), free(grp), free(first);
+        return mx_fail(e, MX_ENOMEM, "moe gather: out of memory for %lld tokens", (long long)T);
+    }
+    float *xs = (float *)(void *)buf;
+    float *g = (float *)(void *)(buf + al64((size_t)(P * D) * sizeof(float)));
+    float *u = g + al64((size_t)(P * F) * sizeof(float)) / sizeof(float);
+    float *y = u + al64((size_t)(P * F) * sizeof(float)) / sizeof(float);
+    unsigned char *bp = (unsigned char *)(y + al64((size_t)(P * D) * sizeof(float)) / sizeof(float));
+    /* each expert's tokens in token order */
+    memset(count, 0, sizeof *count * (size_t)ex->n);
+    tbase[0] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        tbase[t + 1] = tbase[t] + routes[t].k;
+        for (int j = 0; j < routes[t].k; j++) {
+            const int ei = routes[t].idx[j];
+            const int64_t s = first[ei] + count[ei]++;
+            slot_of[tbase[t] + j] = s;
+            wslot[s] = routes[t].w[j];
+            memcpy(xs + s * D, x + t * D, sizeof *xs * (size_t)D);
         }
     }
-    free(count), free(tok), free(wt), free(xs);
+    for (int i = 0; i < ng; i++) {
+        mx_batch_init(&grp[i].bx, xs + grp[i].off * D, D, grp[i].n, D, gsx, bp);
+        bp += al64(mx_batch_bytes(grp[i].n, D, gsx));
+        mx_batch_init(&grp[i].bh, g + grp[i].off * F, F, grp[i].n, F, gsh, bp);
+        bp += al64(mx_batch_bytes(grp[i].n, F, gsh));
+    }
+    /* work items: (group, token chunk) and (group, row chunk) */
+    int64_t n_tok_items = 0;
+    for (int i = 0; i < ng; i++)
+        n_tok_items += (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK;
+    const int64_t f_chunks = (F + ROW_CHUNK - 1) / ROW_CHUNK, d_chunks = (D + ROW_CHUNK - 1) / ROW_CHUNK;
+    const int nth = mx_threads();
+
+#pragma omp parallel num_threads(nth)
+    {
+        /* 1: prepare each expert's x rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < n_tok_items; it++) {
+            int i = 0;
+            int64_t c = it;
+            while (c >= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK)
+                c -= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK, i++;
+            const int64_t t0 = c * TOK_CHUNK, t1 = t0 + TOK_CHUNK < grp[i].n ? t0 + TOK_CHUNK : grp[i].n;
+            mx_batch_prep(&grp[i].bx, t0, t1);
+        }
+        /* 2: gate and up rows, h = silu(g) * u */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < (int64_t)ng * f_chunks; it++) {
+            const group *G = &grp[it / f_chunks];
+            const int64_t r0 = (it % f_chunks) * ROW_CHUNK, r1 = r0 + ROW_CHUNK < F ? r0 + ROW_CHUNK : F;
+            float *gg = g + G->off * F, *uu = u + G->off * F;
+            mx_linear_rows_batch(&ex->gate[G->e], &G->bx, gg, F, r0, r1);
+            mx_linear_rows_batch(&ex->up[G->e], &G->bx, uu, F, r0, r1);
+            for (int64_t t = 0; t < G->n; t++)
+                for (int64_t r = r0; r < r1; r++)
+                    gg[t * F + r] = mx_silu(gg[t * F + r]) * uu[t * F + r];
+        }
+        /* 3: prepare each expert's h rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < n_tok_items; it++) {
+            int i = 0;
+            int64_t c = it;
+            while (c >= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK)
+                c -= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK, i++;
+            const int64_t t0 = c * TOK_CHUNK, t1 = t0 + TOK_CHUNK < grp[i].n ? t0 + TOK_CHUNK : grp[i].n;
+            mx_batch_prep(&grp[i].bh, t0, t1);
+        }
+        /* 4: down rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < (int64_t)ng * d_chunks; it++) {
+            const group *G = &grp[it / d_chunks];
+            const int64_t r0 = (it % d_chunks) * ROW_CHUNK, r1 = r0 + ROW_CHUNK < D ? r0 + ROW_CHUNK : D;
+            mx_linear_rows_batch(&ex->down[G->e], &G->bh, y + G->off * D, D, r0, r1);
+        }
+        /* 5: each token's weighted sum over its experts, in route order */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *o = out + t * D;
+            memset(o, 0, sizeof *o * (size_t)D);
+            for (int j = 0; j < routes[t].k; j++) {
+                const int64_t s = slot_of[tbase[t] + j];
+                const float w = wslot[s], *ys = y + s * D;
+                for (int64_t d = 0; d < D; d++)
+                    o[d] += w * ys[d];
+            }
+        }
+    }
+    free(count), free(slot_of), free(grp), free(first), free(wslot), free(tbase);
     return MX_OK;
 }

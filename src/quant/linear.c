@@ -142,6 +142,23 @@ void mx_linear_rows(const mx_linear *l, mx_vec *x, float *y, int64_t r0, int64_t
             y[r] += l->bias[r];
 }
 
+void mx_linear_rows_batch(const mx_linear *l, const mx_batch *b, float *Y, int64_t ldy,
+                          int64_t r0, int64_t r1)
+{
+    if (r1 <= r0)
+        return;
+    if (l->quantized)
+        mx_qmat_rows_batch(&l->q, b, Y, ldy, r0, r1);
+    else
+        for (int64_t t = 0; t < b->T; t++)
+            for (int64_t r = r0; r < r1; r++)
+                Y[t * ldy + r] = dot_row(l->w, l->wdtype, r, l->cols, b->X + t * b->ldx);
+    if (l->bias)
+        for (int64_t t = 0; t < b->T; t++)
+            for (int64_t r = r0; r < r1; r++)
+                Y[t * ldy + r] += l->bias[r];
+}
+
 size_t mx_linear_bytes(const mx_linear *l)
 {
     size_t n = l->quantized ? mx_qmat_bytes(&l->q)

@@ -380,45 +380,6 @@ void mx_qmatvec(const mx_qmat *m, const float *x, float *y)
         free(xp);
 }
 
-/* A few tokens (a batched decode step, an expert picked by a few prompt
- * tokens): the prefill kernel's tile set-up does not pay for itself, so run
- * the matvec kernel once per token over small row blocks.  Each block's
- * weights come from memory once and stay in L1/L2 for the other tokens.
- * Returns 0 (caller falls back) when the prepared-x buffers cannot be had. */
-#define MX_SMALL_T 16
-#define MX_SMALL_T_ROWS 32
-
-static int matmul_small(const mx_qkernels *k, const mx_qmat *m, const float *X, int64_t T, float *Y)
-{
-    size_t nb = (k->prep_bytes(m->cols, m->group_size) + 63) & ~(size_t)63;
-    /* the usual case (a decode batch over hidden-size inputs) fits on the
-     * stack: no allocation per call */
-    _Alignas(64) unsigned char stackbuf[65536];
-    unsigned char *prep = nb * (size_t)T <= sizeof stackbuf ? stackbuf : aligned_alloc(64, nb * (size_t)T);
-    if (!prep)
-        return 0;
-    for (int64_t t = 0; t < T; t++)
-        k->prep(X + t * m->cols, m->cols, m->group_size, prep + nb * (size_t)t);
-    int nth = threads_for(m->rows, (double)m->rows * (double)m->cols * (double)T);
-#pragma omp parallel num_threads(nth)
-    {
-        int64_t r0, r1;
-        chunk_range(m->rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        if (k->matvec_rows_multi && r1 > r0)
-            k->matvec_rows_multi(m, X, m->cols, prep, nb, T, Y + r0, m->rows, r0, r1);
-        else
-            for (int64_t c0 = r0; c0 < r1; c0 += MX_SMALL_T_ROWS) {
-                int64_t c1 = c0 + MX_SMALL_T_ROWS < r1 ? c0 + MX_SMALL_T_ROWS : r1;
-                for (int64_t t = 0; t < T; t++)
-                    k->matvec_rows(m, X + t * m->cols, prep + nb * (size_t)t, Y + t * m->rows + c0,
-                                   c0, c1);
-            }
-    }
-    if (prep != stackbuf)
-        free(prep);
-    return 1;
-}
-
 void mx_qmatmul(const mx_qmat *m, const float *X, int64_t T, float *Y)
 {
     if (T <= 0)
@@ -427,38 +388,31 @@ void mx_qmatmul(const mx_qmat *m, const float *X, int64_t T, float *Y)
         mx_qmatvec(m, X, Y);
         return;
     }
-    const mx_qkernels *k = mx_qkernels_active();
-    if (T <= MX_SMALL_T && matmul_small(k, m, X, T, Y))
+    /* the activations are prepared once (a mx_batch), split over the
+     * threads by token, then every thread runs its rows against all of
+     * them; a small batch (a batched decode step) fits on the stack */
+    size_t nb = mx_batch_bytes(T, m->cols, m->group_size);
+    _Alignas(64) unsigned char stackbuf[65536];
+    unsigned char *buf = nb <= sizeof stackbuf ? stackbuf : aligned_alloc(64, (nb + 63) & ~(size_t)63);
+    if (!buf) {
+        /* no memory for the batch: the variant's own matmul, one thread */
+        mx_qkernels_active()->matmul_rows(m, X, m->cols, T, Y, m->rows, 0, m->rows);
         return;
+    }
+    mx_batch b;
+    mx_batch_init(&b, X, m->cols, T, m->cols, m->group_size, buf);
     int nth = threads_for(m->rows, (double)m->rows * (double)m->cols * (double)T);
-    void *xp = k->mm_prep ? malloc(k->mm_prep_bytes(T, m->cols, m->group_size)) : NULL;
-    if (xp) {
-        /* the activations are prepared once, split over the threads by
-         * token, then every thread runs its rows against all of them */
-#pragma omp parallel num_threads(nth)
-        {
-            const int ith = omp_get_thread_num(), nt = omp_get_num_threads();
-            long t0, t1;
-            mx_split((long)T, ith, nt, &t0, &t1);
-            k->mm_prep(X, m->cols, T, t0, t1, m->cols, m->group_size, xp);
-#pragma omp barrier
-            int64_t r0, r1;
-            chunk_range(m->rows, ith, nt, &r0, &r1);
-            if (r1 > r0)
-                k->matmul_rows_prepped(m, xp, T, Y, m->rows, r0, r1);
-        }
-        free(xp);
-        return;
-    }
-    if (nth == 1) {
-        k->matmul_rows(m, X, m->cols, T, Y, m->rows, 0, m->rows);
-        return;
-    }
 #pragma omp parallel num_threads(nth)
     {
+        const int ith = omp_get_thread_num(), nt = omp_get_num_threads();
+        long t0, t1;
+        mx_split((long)T, ith, nt, &t0, &t1);
+        mx_batch_prep(&b, t0, t1);
+#pragma omp barrier
         int64_t r0, r1;
-        chunk_range(m->rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-        if (r1 > r0)
-            k->matmul_rows(m, X, m->cols, T, Y, m->rows, r0, r1);
+        chunk_range(m->rows, ith, nt, &r0, &r1);
+        mx_qmat_rows_batch(m, &b, Y, m->rows, r0, r1);
     }
+    if (buf != stackbuf)
+        free(buf);
 }

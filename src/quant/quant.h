@@ -160,6 +160,37 @@ void mx_vec_init(mx_vec *v, const float *x, int64_t cols, void *buf);
 /* The prepared form for group size gs (32, 64 or 128), made on first use. */
 const void *mx_vec_prep(mx_vec *v, int gs);
 
+/* T vectors (X rows ldx apart, cols values each) prepared once for the
+ * kernels of one group size, then read by any number of threads for any
+ * row ranges (batch.c): each vector on its own for T <= MX_BATCH_SMALL (the
+ * matvec kernel reads each weight line once for all of them), else as the
+ * prefill kernel's block.  buf holds mx_batch_bytes bytes, 64-byte aligned;
+ * the threads of a region prepare it together, split by token. */
+#define MX_BATCH_SMALL 16
+enum { MX_BATCH_VECTORS, MX_BATCH_BLOCK, MX_BATCH_RAW };
+typedef struct mx_batch {
+    const float *X;
+    int64_t ldx, T, cols;
+    int gs, mode;
+    const mx_qkernels *k;
+    unsigned char *buf;
+    size_t vstride;              /* bytes per prepared vector (MX_BATCH_VECTORS) */
+} mx_batch;
+
+size_t mx_batch_bytes(int64_t T, int64_t cols, int gs);
+void mx_batch_init(mx_batch *b, const float *X, int64_t ldx, int64_t T, int64_t cols, int gs,
+                   void *buf);
+/* Prepares vectors [t0, t1). */
+void mx_batch_prep(mx_batch *b, int64_t t0, int64_t t1);
+/* Y[t*ldy + r] = (W x_t)[r] for t < T, r in [r0, r1), on the calling
+ * thread.  A matrix of another group size than the batch's still works
+ * (each vector prepared per call: slow). */
+void mx_qmat_rows_batch(const mx_qmat *m, const mx_batch *b, float *Y, int64_t ldy, int64_t r0,
+                        int64_t r1);
+/* The same for a linear layer (+ bias); float weights read X directly. */
+void mx_linear_rows_batch(const mx_linear *l, const mx_batch *b, float *Y, int64_t ldy,
+                          int64_t r0, int64_t r1);
+
 /* y[r] = (W x)[r] + bias[r] for r in [r0, r1) only, on the calling thread
  * (the caller splits rows over its threads).  x->cols == l->cols. */
 void mx_linear_rows(const mx_linear *l, mx_vec *x, float *y, int64_t r0, int64_t r1);
