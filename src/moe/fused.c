@@ -24,6 +24,7 @@
 
 #include "moe/moe.h"
 #include "util/parallel.h"
+#include "util/scratch.h"
 
 const char *mx_moe_fused_declines(const mx_experts *ex)
 {
@@ -111,22 +112,11 @@ void mx_moe_phase2(const mx_moe_plan *p, const float *h, float *out, int ith, in
 
 /* ---- the standalone kernel (its own parallel region) -------------------- */
 
-/* Scratch reused across calls (64-byte aligned): h and u (sum of widths
- * each), then per thread a prepared x and the phase-2 buffers. */
-static unsigned char *g_buf;
-static size_t g_cap;
+/* Scratch reused across calls: h and u (sum of widths each), then per
+ * thread a prepared x and the phase-2 buffers. */
+static mx_scratch g_scratch = MX_SCRATCH_INIT;
 
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-static unsigned char *scratch(size_t n)
-{
-    if (n > g_cap) {
-        free(g_buf);
-        g_buf = aligned_alloc(64, al64(n));
-        g_cap = g_buf ? n : 0;
-    }
-    return g_buf;
-}
 
 void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float *out)
 {
@@ -135,7 +125,8 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
     const int nth = mx_threads();
     const size_t hb = al64((size_t)p.off[p.n] * sizeof(float));
     const size_t per_thread = al64(mx_vec_bytes(ex->d_model)) + al64(mx_moe_phase2_bytes(&p));
-    unsigned char *buf = scratch(2 * hb + per_thread * (size_t)nth);
+    size_t cap = 0;
+    unsigned char *buf = mx_scratch_take(&g_scratch, 2 * hb + per_thread * (size_t)nth, &cap);
     if (!buf) {
         /* Out of memory for scratch: the gather path reports its own errors. */
         mx_moe_gather(ex, r, x, 1, out, NULL);
@@ -152,4 +143,5 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
 #pragma omp barrier
         mx_moe_phase2(&p, h, out, ith, nt, mine + al64(mx_vec_bytes(ex->d_model)));
     }
+    mx_scratch_give(&g_scratch, buf, cap);
 }

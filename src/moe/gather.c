@@ -18,27 +18,16 @@
 
 #include "moe/moe.h"
 #include "util/parallel.h"
+#include "util/scratch.h"
 
 #define ROW_CHUNK 64   /* rows per work item: a multiple of the tile kernel's 32 */
 #define TOK_CHUNK 8    /* tokens per preparation item */
 
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Scratch reused across calls by the thread that calls (one block at a time
- * per thread): the sizes repeat from layer to layer, and fresh large
- * allocations would fault in their pages every time. */
-static _Thread_local unsigned char *t_buf;
-static _Thread_local size_t t_cap;
-
-static unsigned char *scratch(size_t n)
-{
-    if (n > t_cap) {
-        free(t_buf);
-        t_buf = aligned_alloc(64, al64(n));
-        t_cap = t_buf ? n : 0;
-    }
-    return t_buf;
-}
+/* Scratch reused across calls: the sizes repeat from layer to layer, and
+ * fresh large allocations would fault in their pages every time. */
+static mx_scratch g_scratch = MX_SCRATCH_INIT;
 
 typedef struct group {
     int e;               /* expert */
@@ -87,10 +76,12 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
     size_t need = al64((size_t)(P * D) * sizeof(float)) * 2 + al64((size_t)(P * F) * sizeof(float)) * 2;
     for (int i = 0; i < ng; i++)
         need += al64(mx_batch_bytes(grp[i].n, D, gsx)) + al64(mx_batch_bytes(grp[i].n, F, gsh));
-    unsigned char *buf = scratch(need);
+    size_t cap = 0;
+    unsigned char *buf = mx_scratch_take(&g_scratch, need, &cap);
     float *wslot = malloc(sizeof *wslot * (size_t)P);
     int64_t *tbase = malloc(sizeof *tbase * (size_t)(T + 1));   /* token t's first in slot_of */
     if (!buf || !wslot || !tbase) {
+        mx_scratch_give(&g_scratch, buf, cap);
         free(wslot), free(tbase);
         free(count), free(slot_of), free(grp), free(first);
         return mx_fail(e, MX_ENOMEM, "moe gather: out of memory for %lld tokens", (long long)T);
@@ -180,6 +171,7 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
             }
         }
     }
+    mx_scratch_give(&g_scratch, buf, cap);
     free(count), free(slot_of), free(grp), free(first), free(wslot), free(tbase);
     return MX_OK;
 }
