@@ -20,7 +20,7 @@
 #include "util/parallel.h"
 #include "util/scratch.h"
 
-#define ROW_CHUNK 64   /* rows per work item: a multiple of the tile kernel's 32 */
+#define ROW_CHUNK 64   /* rows per work item at 16+ tokens: a multiple of the tile kernel's 32 */
 #define TOK_CHUNK 8    /* tokens per preparation item */
 
 static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -33,7 +33,28 @@ typedef struct group {
     int e;               /* expert */
     int64_t off, n;      /* its slots [off, off+n) */
     mx_batch bx, bh;     /* its x rows and its h rows, prepared */
+    int64_t chunk;       /* rows per work item */
+    int64_t item_f, item_d;   /* its first gate/up item, its first down item */
 } group;
+
+/* Rows per work item for an expert with n tokens: 64 rows is plenty of work
+ * at 16 tokens; with fewer, longer row runs keep the weight streams long
+ * enough for the hardware prefetcher (1024 rows for one token). */
+static int64_t chunk_rows(int64_t n) { return ROW_CHUNK * (n >= 16 ? 1 : 16 / n); }
+
+/* The group whose items [first, next group's first) hold item it. */
+static int group_of(const group *grp, int ng, int64_t it, int down)
+{
+    int lo = 0, hi = ng - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if ((down ? grp[mid].item_d : grp[mid].item_f) <= it)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
 
 int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,
                   float *out, mx_err *e)
@@ -114,7 +135,14 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
     int64_t n_tok_items = 0;
     for (int i = 0; i < ng; i++)
         n_tok_items += (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK;
-    const int64_t f_chunks = (F + ROW_CHUNK - 1) / ROW_CHUNK, d_chunks = (D + ROW_CHUNK - 1) / ROW_CHUNK;
+    int64_t n_f_items = 0, n_d_items = 0;
+    for (int i = 0; i < ng; i++) {
+        grp[i].chunk = chunk_rows(grp[i].n);
+        grp[i].item_f = n_f_items;
+        grp[i].item_d = n_d_items;
+        n_f_items += (F + grp[i].chunk - 1) / grp[i].chunk;
+        n_d_items += (D + grp[i].chunk - 1) / grp[i].chunk;
+    }
     const int nth = mx_threads();
 
 #pragma omp parallel num_threads(nth)
@@ -131,9 +159,9 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
         }
         /* 2: gate and up rows, h = silu(g) * u */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < (int64_t)ng * f_chunks; it++) {
-            const group *G = &grp[it / f_chunks];
-            const int64_t r0 = (it % f_chunks) * ROW_CHUNK, r1 = r0 + ROW_CHUNK < F ? r0 + ROW_CHUNK : F;
+        for (int64_t it = 0; it < n_f_items; it++) {
+            const group *G = &grp[group_of(grp, ng, it, 0)];
+            const int64_t r0 = (it - G->item_f) * G->chunk, r1 = r0 + G->chunk < F ? r0 + G->chunk : F;
             float *gg = g + G->off * F, *uu = u + G->off * F;
             mx_linear_rows_batch(&ex->gate[G->e], &G->bx, gg, F, r0, r1);
             mx_linear_rows_batch(&ex->up[G->e], &G->bx, uu, F, r0, r1);
@@ -153,9 +181,9 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
         }
         /* 4: down rows */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < (int64_t)ng * d_chunks; it++) {
-            const group *G = &grp[it / d_chunks];
-            const int64_t r0 = (it % d_chunks) * ROW_CHUNK, r1 = r0 + ROW_CHUNK < D ? r0 + ROW_CHUNK : D;
+        for (int64_t it = 0; it < n_d_items; it++) {
+            const group *G = &grp[group_of(grp, ng, it, 1)];
+            const int64_t r0 = (it - G->item_d) * G->chunk, r1 = r0 + G->chunk < D ? r0 + G->chunk : D;
             mx_linear_rows_batch(&ex->down[G->e], &G->bh, y + G->off * D, D, r0, r1);
         }
         /* 5: each token's weighted sum over its experts, in route order */
