@@ -29,7 +29,8 @@ static void help(void)
            "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
            "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
            "                      path (order F G G F) and report both and their ratio\n"
-           "      --bw-mb N       size of the bandwidth probe buffer (default 1024 MiB; 0 = skip)\n"
+           "      --bw-mb N       size of the bandwidth probe buffer, probed after every repeat\n"
+           "                      (default 1024 MiB; 0 = skip)\n"
            "      --json          one JSON object on stdout\n");
 }
 
@@ -165,7 +166,11 @@ int cmd_bench(int argc, char **argv)
         goto fail;
     fprintf(stderr, "bench: warm-up done (first prefill %.2f s)\n", ttft_first);
 
-    series pre = {0}, dec = {0}, fused = {0}, gather = {0}, ttft = {0};
+    /* The machine's bandwidth drifts from run to run, so it is probed after
+     * every repeat, beside the decode it is compared with.  The resident set
+     * is read before the first probe (whose buffer would count in the peak). */
+    series pre = {0}, dec = {0}, fused = {0}, gather = {0}, ttft = {0}, bws = {0};
+    long long rss = 0;
     for (long r = 0; r < reps; r++) {
         s->pos = 0;
         double ta = mx_now();
@@ -195,15 +200,18 @@ int cmd_bench(int argc, char **argv)
             }
             mx_moe_set_fused(-1);
         }
+        if (!rss)
+            rss = peak_rss_bytes();
+        if (bw_mb > 0)
+            push(&bws, mx_membw_probe((size_t)bw_mb << 20, 3));
         fprintf(stderr, "bench: repeat %ld/%ld done\n", r + 1, reps);
     }
     if (compare)
         dec = fused;   /* the default path is the fused one */
 
-    double bw = bw_mb > 0 ? mx_membw_probe((size_t)bw_mb << 20, 5) : 0;
+    double bw = med(&bws);
     uint64_t bpt = mx_model_active_bytes(m);
     double roof = bw > 0 ? med(&dec) * (double)bpt / (bw * 1e9) : 0;
-    long long rss = peak_rss_bytes();
 
     if (json) {
         cJSON *o = cJSON_CreateObject();
@@ -230,6 +238,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)rss);
         cJSON_AddNumberToObject(o, "weight_bytes_per_token", (double)bpt);
         cJSON_AddNumberToObject(o, "mem_bw_gbs", bw);
+        cJSON_AddNumberToObject(o, "mem_bw_gbs_min", mn(&bws));
+        cJSON_AddNumberToObject(o, "mem_bw_gbs_max", mxv(&bws));
         cJSON_AddNumberToObject(o, "roofline_fraction", roof);
         char *str = cJSON_PrintUnformatted(o);
         printf("%s\n", str);
@@ -250,7 +260,8 @@ int cmd_bench(int argc, char **argv)
         printf("load             %8.3f s\n", load_s);
         printf("weights/token    %8.1f MiB\n", (double)bpt / 1048576.0);
         if (bw > 0)
-            printf("memory bandwidth %8.1f GB/s (probe, same process)\n", bw);
+            printf("memory bandwidth %8.1f GB/s median (min %.1f, max %.1f; probed after each repeat)\n",
+                   bw, mn(&bws), mxv(&bws));
         if (roof > 0)
             printf("roofline         %8.1f %% (decode tok/s x bytes/token / bandwidth)\n", 100 * roof);
         printf("peak RSS         %8.1f MiB\n", (double)rss / 1048576.0);
