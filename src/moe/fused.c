@@ -42,6 +42,8 @@ const char *mx_moe_fused_declines(const mx_experts *ex)
 
 /* ---- the plan and its two phases --------------------------------------- */
 
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
 void mx_moe_plan_init(mx_moe_plan *p, const mx_experts *ex, const mx_route *r)
 {
     p->n = 0;
@@ -63,10 +65,8 @@ void mx_moe_plan_add(mx_moe_plan *p, const mx_linear *gate, const mx_linear *up,
     p->d_model = down->rows;
 }
 
-void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int ith, int nth)
+void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t lo, int64_t hi)
 {
-    long lo, hi;
-    mx_split((long)p->off[p->n], ith, nth, &lo, &hi);
     for (int j = 0; j < p->n && lo < hi; j++) {
         const int64_t a = p->off[j], b = p->off[j + 1];
         if (hi <= a || lo >= b)
@@ -82,31 +82,35 @@ void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int ith,
 
 size_t mx_moe_phase2_bytes(const mx_moe_plan *p)
 {
-    int64_t ff = 1;
+    size_t n = al64((size_t)p->d_model * sizeof(float));
     for (int j = 0; j < p->n; j++)
-        if (p->off[j + 1] - p->off[j] > ff)
-            ff = p->off[j + 1] - p->off[j];
-    return mx_vec_bytes(ff) + (((size_t)p->d_model * sizeof(float) + 63) & ~(size_t)63);
+        n += al64(mx_vec_bytes(p->off[j + 1] - p->off[j]));
+    return n;
 }
 
-void mx_moe_phase2(const mx_moe_plan *p, const float *h, float *out, int ith, int nth,
-                   void *scratch)
+void mx_moe_phase2_init(const mx_moe_plan *p, const float *h, void *scratch, mx_moe_hvecs *hv)
 {
-    long lo, hi;
-    mx_split((long)p->d_model, ith, nth, &lo, &hi);
+    unsigned char *buf = scratch;
+    hv->row = (float *)(void *)buf;
+    buf += al64((size_t)p->d_model * sizeof(float));
+    for (int j = 0; j < p->n; j++) {
+        const int64_t ff = p->off[j + 1] - p->off[j];
+        mx_vec_init(&hv->h[j], h + p->off[j], ff, buf);
+        buf += al64(mx_vec_bytes(ff));
+    }
+}
+
+void mx_moe_phase2(const mx_moe_plan *p, mx_moe_hvecs *hv, float *out, int64_t lo, int64_t hi)
+{
     if (lo >= hi)
         return;
-    unsigned char *buf = scratch;
-    float *row = (float *)(void *)buf;   /* down_j . h_j for this thread's rows */
-    void *hp = buf + (((size_t)p->d_model * sizeof(float) + 63) & ~(size_t)63);
     memset(out + lo, 0, sizeof *out * (size_t)(hi - lo));
     for (int j = 0; j < p->n; j++) {
-        mx_vec hv;
-        mx_vec_init(&hv, h + p->off[j], p->off[j + 1] - p->off[j], hp);
-        mx_linear_rows(p->down[j], &hv, row, lo, hi);
+        /* each h_j is prepared on this thread's first use of it */
+        mx_linear_rows(p->down[j], &hv->h[j], hv->row, lo, hi);
         const float w = p->w[j];
-        for (long i = lo; i < hi; i++)
-            out[i] += w * row[i];
+        for (int64_t i = lo; i < hi; i++)
+            out[i] += w * hv->row[i];
     }
 }
 
@@ -115,8 +119,6 @@ void mx_moe_phase2(const mx_moe_plan *p, const float *h, float *out, int ith, in
 /* Scratch reused across calls: h and u (sum of widths each), then per
  * thread a prepared x and the phase-2 buffers. */
 static mx_scratch g_scratch = MX_SCRATCH_INIT;
-
-static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float *out)
 {
@@ -139,9 +141,14 @@ void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float
         unsigned char *mine = buf + 2 * hb + per_thread * (size_t)ith;
         mx_vec xv;
         mx_vec_init(&xv, x, ex->d_model, mine);
-        mx_moe_phase1(&p, &xv, h, u, ith, nt);
+        long lo, hi;
+        mx_split((long)p.off[p.n], ith, nt, &lo, &hi);
+        mx_moe_phase1(&p, &xv, h, u, lo, hi);
 #pragma omp barrier
-        mx_moe_phase2(&p, h, out, ith, nt, mine + al64(mx_vec_bytes(ex->d_model)));
+        mx_moe_hvecs hv;
+        mx_moe_phase2_init(&p, h, mine + al64(mx_vec_bytes(ex->d_model)), &hv);
+        mx_split((long)p.d_model, ith, nt, &lo, &hi);
+        mx_moe_phase2(&p, &hv, out, lo, hi);
     }
     mx_scratch_give(&g_scratch, buf, cap);
 }

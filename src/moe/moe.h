@@ -71,15 +71,22 @@ void mx_moe_plan_init(mx_moe_plan *p, const mx_experts *ex, const mx_route *r);
 /* Adds one more SwiGLU MLP (at most MX_MAX_TOPK + 1 in all). */
 void mx_moe_plan_add(mx_moe_plan *p, const mx_linear *gate, const mx_linear *up,
                      const mx_linear *down, float w);
-/* Phase 1: this thread's share of the gate/up rows: h[i] = silu(g_i) * u_i,
- * h and u of off[n] floats (shared by the threads), x this thread's own. */
-void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int ith, int nth);
-/* Phase 2 (after every thread's phase 1): out[r] = sum_j w_j down_j . h_j
- * for this thread's share of the d_model rows; scratch (this thread's own)
- * holds mx_moe_phase2_bytes(p) bytes, 64-byte aligned. */
+/* Phase 1 for rows [lo, hi) of the experts' gate/up rows stacked (off[n]
+ * in all): h[i] = silu(g_i) * u_i; h and u (off[n] floats) are shared by
+ * the threads, x is the calling thread's own. */
+void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t lo, int64_t hi);
+/* Phase 2 (after every thread's phase 1) for output rows [lo, hi) of
+ * d_model: out[r] = sum_j w_j down_j . h_j.  A thread sets up its own
+ * prepared h_j once per block (mx_moe_phase2_init, over mx_moe_phase2_bytes
+ * bytes of its own 64-byte-aligned scratch) and then runs any number of row
+ * ranges; each h_j is prepared on its first use. */
+typedef struct mx_moe_hvecs {
+    mx_vec h[MX_MAX_TOPK + 1];
+    float *row;                  /* down_j . h_j for the rows being done */
+} mx_moe_hvecs;
 size_t mx_moe_phase2_bytes(const mx_moe_plan *p);
-void mx_moe_phase2(const mx_moe_plan *p, const float *h, float *out, int ith, int nth,
-                   void *scratch);
+void mx_moe_phase2_init(const mx_moe_plan *p, const float *h, void *scratch, mx_moe_hvecs *hv);
+void mx_moe_phase2(const mx_moe_plan *p, mx_moe_hvecs *hv, float *out, int64_t lo, int64_t hi);
 
 /* Counts n MoE-layer executions on the fused path in the dispatch
  * statistics (for callers that run the phases themselves). */
