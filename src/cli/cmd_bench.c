@@ -29,8 +29,8 @@ static void help(void)
            "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
            "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
            "                      path (order F G G F) and report both and their ratio\n"
-           "      --bw-mb N       size of the bandwidth probe buffer, probed after every repeat\n"
-           "                      (default 1024 MiB; 0 = skip)\n"
+           "      --bw-mb N       size of the bandwidth probe buffer, probed before and after the\n"
+           "                      decode of every repeat (default 1024 MiB; 0 = skip)\n"
            "      --json          one JSON object on stdout\n");
 }
 
@@ -166,11 +166,14 @@ int cmd_bench(int argc, char **argv)
         goto fail;
     fprintf(stderr, "bench: warm-up done (first prefill %.2f s)\n", ttft_first);
 
-    /* The machine's bandwidth drifts from run to run, so it is probed after
-     * every repeat, beside the decode it is compared with.  The resident set
-     * is read before the first probe (whose buffer would count in the peak). */
-    series pre = {0}, dec = {0}, fused = {0}, gather = {0}, ttft = {0}, bws = {0};
+    /* The machine's bandwidth drifts within seconds on shared hosts (seen
+     * here: 35 and 60 GB/s a minute apart), so it is probed just before and
+     * just after every repeat's decode, and each repeat's roofline fraction
+     * uses the mean of its two probes.  The resident set is read before the
+     * first probe (whose buffer would count in the peak). */
+    series pre = {0}, dec = {0}, fused = {0}, gather = {0}, ttft = {0}, bws = {0}, roofs = {0};
     long long rss = 0;
+    const uint64_t bpt = mx_model_active_bytes(m);
     for (long r = 0; r < reps; r++) {
         s->pos = 0;
         double ta = mx_now();
@@ -180,6 +183,10 @@ int cmd_bench(int argc, char **argv)
         first = argmax(logits, m->vocab);
         push(&ttft, mx_now() - ta);
         push(&pre, np / tp);
+        if (!rss)
+            rss = peak_rss_bytes();
+        const double bw0 = bw_mb > 0 ? mx_membw_probe((size_t)bw_mb << 20, 3) : 0;
+        const int nd = dec.n;
         if (!compare) {
             double ts;
             if ((rc = decode_run(m, s, (int)np, first, (int)ng, logits, &ts, &e)))
@@ -200,18 +207,24 @@ int cmd_bench(int argc, char **argv)
             }
             mx_moe_set_fused(-1);
         }
-        if (!rss)
-            rss = peak_rss_bytes();
-        if (bw_mb > 0)
-            push(&bws, mx_membw_probe((size_t)bw_mb << 20, 3));
+        if (bw_mb > 0) {
+            const double bwr = (bw0 + mx_membw_probe((size_t)bw_mb << 20, 3)) / 2;
+            /* this repeat's default-path decode: all of it, or its fused runs */
+            double sum = 0;
+            int cnt = 0;
+            for (int i = nd; i < dec.n; i++)
+                if (!compare || i - nd == 0 || i - nd == 3)
+                    sum += dec.v[i], cnt++;
+            push(&bws, bwr);
+            if (bwr > 0 && cnt)
+                push(&roofs, sum / cnt * (double)bpt / (bwr * 1e9));
+        }
         fprintf(stderr, "bench: repeat %ld/%ld done\n", r + 1, reps);
     }
     if (compare)
         dec = fused;   /* the default path is the fused one */
 
-    double bw = med(&bws);
-    uint64_t bpt = mx_model_active_bytes(m);
-    double roof = bw > 0 ? med(&dec) * (double)bpt / (bw * 1e9) : 0;
+    double bw = med(&bws), roof = med(&roofs);
 
     if (json) {
         cJSON *o = cJSON_CreateObject();
@@ -241,6 +254,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "mem_bw_gbs_min", mn(&bws));
         cJSON_AddNumberToObject(o, "mem_bw_gbs_max", mxv(&bws));
         cJSON_AddNumberToObject(o, "roofline_fraction", roof);
+        cJSON_AddNumberToObject(o, "roofline_fraction_min", mn(&roofs));
+        cJSON_AddNumberToObject(o, "roofline_fraction_max", mxv(&roofs));
         char *str = cJSON_PrintUnformatted(o);
         printf("%s\n", str);
         free(str);
@@ -260,10 +275,12 @@ int cmd_bench(int argc, char **argv)
         printf("load             %8.3f s\n", load_s);
         printf("weights/token    %8.1f MiB\n", (double)bpt / 1048576.0);
         if (bw > 0)
-            printf("memory bandwidth %8.1f GB/s median (min %.1f, max %.1f; probed after each repeat)\n",
+            printf("memory bandwidth %8.1f GB/s median (min %.1f, max %.1f; probed around each repeat)\n",
                    bw, mn(&bws), mxv(&bws));
         if (roof > 0)
-            printf("roofline         %8.1f %% (decode tok/s x bytes/token / bandwidth)\n", 100 * roof);
+            printf("roofline         %8.1f %% median (min %.1f, max %.1f; decode tok/s x bytes/token /\n"
+                   "                          bandwidth, each repeat against its own probes)\n",
+                   100 * roof, 100 * mn(&roofs), 100 * mxv(&roofs));
         printf("peak RSS         %8.1f MiB\n", (double)rss / 1048576.0);
     }
     mx_seq_free(s);
