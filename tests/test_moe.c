@@ -164,6 +164,93 @@ static void gather_batch(void)
     free(ex.gate), free(ex.up), free(ex.down);
 }
 
+/* W[r][c] of a linear, quantized or float (reference, slow) */
+static double lin_at(const mx_linear *l, int64_t r, int64_t c)
+{
+    if (l->quantized)
+        return mx_qmat_get(&l->q, r, c);
+    return ((const float *)l->w)[r * l->cols + c];
+}
+
+/* The gather path against a double-precision reference on the dequantized
+ * (or float) weights: many tokens, so some experts get more than the
+ * matvec kernel's 16 (the tile kernel) and others one or none; quantized
+ * and unquantized (F32) experts, mixed group sizes (down at 32, gate/up at
+ * 64: the batch prepared for another group size), 1 and 2 threads. */
+static void gather_reference(int quantized, int threads)
+{
+    const int E = 5, k = 2, T = 40;
+    const int64_t D = 128, F = 96;
+    mx_experts ex = {.n = E, .d_model = D, .d_ff = F};
+    ex.gate = calloc(E, sizeof(mx_linear));
+    ex.up = calloc(E, sizeof(mx_linear));
+    ex.down = calloc(E, sizeof(mx_linear));
+    qbuf bufs[15];
+    float *fw[15] = {0};
+    for (int i = 0; i < 3 * E; i++) {
+        mx_linear *l = i % 3 == 0 ? &ex.gate[i / 3] : i % 3 == 1 ? &ex.up[i / 3] : &ex.down[i / 3];
+        int64_t rows = i % 3 == 2 ? D : F, cols = i % 3 == 2 ? F : D;
+        if (quantized) {
+            make_qmat(rows, cols, i % 3 == 2 ? 8 : 4, i % 3 == 2 ? 32 : 64, l, &bufs[i]);
+        } else {
+            fw[i] = malloc(sizeof(float) * (size_t)(rows * cols));
+            for (int64_t j = 0; j < rows * cols; j++)
+                fw[i][j] = test_randf(&seed) * 0.1f;
+            *l = (mx_linear){.quantized = 0, .w = fw[i], .wdtype = MX_F32, .rows = rows, .cols = cols};
+        }
+    }
+    float *x = malloc(sizeof(float) * T * D), *out = malloc(sizeof(float) * T * D);
+    mx_route r[T];
+    for (int64_t i = 0; i < T * D; i++)
+        x[i] = test_randf(&seed);
+    for (int t = 0; t < T; t++) {
+        float lg[5];
+        for (int i = 0; i < E; i++)   /* expert 0 wins often: > 16 tokens */
+            lg[i] = test_randf(&seed) + (i == 0 ? 2.0f : i == 4 ? -3.0f : 0.0f);
+        mx_moe_route(lg, E, k, 1, &r[t]);
+    }
+    mx_set_threads(threads);
+    mx_err e = {0};
+    CHECK_OK(mx_moe_gather(&ex, r, x, T, out, &e), &e);
+    mx_set_threads(0);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        double ref[128] = {0}, h[96], den = 0, num = 0;
+        for (int j = 0; j < r[t].k; j++) {
+            const int ei = r[t].idx[j];
+            for (int64_t f = 0; f < F; f++) {
+                double g = 0, u = 0;
+                for (int64_t c = 0; c < D; c++) {
+                    g += lin_at(&ex.gate[ei], f, c) * x[t * D + c];
+                    u += lin_at(&ex.up[ei], f, c) * x[t * D + c];
+                }
+                h[f] = g / (1.0 + exp(-g)) * u;
+            }
+            for (int64_t d = 0; d < D; d++) {
+                double y = 0;
+                for (int64_t f = 0; f < F; f++)
+                    y += lin_at(&ex.down[ei], d, f) * h[f];
+                ref[d] += r[t].w[j] * y;
+            }
+        }
+        for (int64_t d = 0; d < D; d++) {
+            num += (out[t * D + d] - ref[d]) * (out[t * D + d] - ref[d]);
+            den += ref[d] * ref[d];
+        }
+        double rel = sqrt(num / (den + 1e-30));
+        if (!(rel <= worst))
+            worst = rel;
+    }
+    CHECKF(worst < 1e-5, "gather vs reference (%s experts, %d threads): rel RMS %g",
+           quantized ? "quantized" : "F32", threads, worst);
+    for (int i = 0; i < 3 * E; i++) {
+        if (quantized)
+            free_q(&bufs[i]);
+        free(fw[i]);
+    }
+    free(ex.gate), free(ex.up), free(ex.down), free(x), free(out);
+}
+
 static void fused_flag(void)
 {
     static const char *off[] = {"0", "false", "FALSE", "off", "Off", "no", "NO"};
@@ -189,6 +276,9 @@ static void fused_flag(void)
 int main(void)
 {
     test_route();
+    for (int q = 0; q <= 1; q++)
+        for (int th = 1; th <= 2; th++)
+            gather_reference(q, th);
     static const int gu[] = {4, 8}, dn[] = {4, 6, 8}, gss[] = {32, 64, 128};
     for (int a = 0; a < 2; a++)
         for (int b = 0; b < 3; b++)

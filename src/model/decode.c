@@ -101,7 +101,7 @@ static size_t thread_bytes(const mx_model *m, int n_ctx)
     const int64_t d = m->d;
     size_t p2 = max_p2(m);
     return 2 * al64((size_t)d * sizeof(float)) + al64((size_t)n_ctx * sizeof(float)) +
-           2 * al64((size_t)m->head_dim * sizeof(float)) +
+           al64((size_t)m->head_dim * sizeof(float)) +
            al64((size_t)(m->n_experts > 0 ? m->n_experts : 1) * sizeof(float)) +
            al64(mx_vec_bytes(d)) + al64(mx_vec_bytes(m->q_dim)) + p2;
 }
