@@ -42,6 +42,17 @@ typedef struct group {
  * enough for the hardware prefetcher (1024 rows for one token). */
 static int64_t chunk_rows(int64_t n) { return ROW_CHUNK * (n >= 16 ? 1 : 16 / n); }
 
+/* Prepares the batch (x rows when h == 0, else h rows) of token-chunk item
+ * `it`: items run over the groups' tokens, TOK_CHUNK at a time. */
+static void prep_item(group *grp, int64_t it, int h)
+{
+    int i = 0;
+    while (it >= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK)
+        it -= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK, i++;
+    const int64_t t0 = it * TOK_CHUNK, t1 = t0 + TOK_CHUNK < grp[i].n ? t0 + TOK_CHUNK : grp[i].n;
+    mx_batch_prep(h ? &grp[i].bh : &grp[i].bx, t0, t1);
+}
+
 /* The group whose items [first, next group's first) hold item it. */
 static int group_of(const group *grp, int ng, int64_t it, int down)
 {
@@ -149,14 +160,8 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
     {
         /* 1: prepare each expert's x rows */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_tok_items; it++) {
-            int i = 0;
-            int64_t c = it;
-            while (c >= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK)
-                c -= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK, i++;
-            const int64_t t0 = c * TOK_CHUNK, t1 = t0 + TOK_CHUNK < grp[i].n ? t0 + TOK_CHUNK : grp[i].n;
-            mx_batch_prep(&grp[i].bx, t0, t1);
-        }
+        for (int64_t it = 0; it < n_tok_items; it++)
+            prep_item(grp, it, 0);
         /* 2: gate and up rows, h = silu(g) * u */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < n_f_items; it++) {
@@ -171,14 +176,8 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
         }
         /* 3: prepare each expert's h rows */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_tok_items; it++) {
-            int i = 0;
-            int64_t c = it;
-            while (c >= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK)
-                c -= (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK, i++;
-            const int64_t t0 = c * TOK_CHUNK, t1 = t0 + TOK_CHUNK < grp[i].n ? t0 + TOK_CHUNK : grp[i].n;
-            mx_batch_prep(&grp[i].bh, t0, t1);
-        }
+        for (int64_t it = 0; it < n_tok_items; it++)
+            prep_item(grp, it, 1);
         /* 4: down rows */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < n_d_items; it++) {
