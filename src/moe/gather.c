@@ -78,23 +78,24 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
         memset(out, 0, sizeof *out * (size_t)(T * D));
         return MX_OK;
     }
-    int64_t *count = calloc((size_t)ex->n, sizeof *count);
-    int64_t *slot_of = malloc(sizeof *slot_of * (size_t)P);   /* token t's j-th -> slot */
-    group *grp = malloc(sizeof *grp * (size_t)ex->n);
-    if (!count || !slot_of || !grp) {
-        free(count), free(slot_of), free(grp);
-        return mx_fail(e, MX_ENOMEM, "moe gather: out of memory for %lld tokens", (long long)T);
-    }
+    /* per expert: token count, first slot, group; per slot: a token's j-th
+     * expert -> slot, the slot's router weight; per token: its first in
+     * slot_of (tbase) */
+    const size_t nE = (size_t)ex->n;
+    int64_t *count = calloc(2 * nE, sizeof *count), *first = count + nE;
+    group *grp = malloc(sizeof *grp * nE);
+    int64_t *slot_of = malloc(sizeof *slot_of * (size_t)(P + T + 1)), *tbase = slot_of + P;
+    float *wslot = malloc(sizeof *wslot * (size_t)P);
+    unsigned char *buf = NULL;
+    size_t cap = 0;
+    if (!count || !grp || !slot_of || !wslot)
+        goto oom;
     for (int64_t t = 0; t < T; t++)
         for (int j = 0; j < routes[t].k; j++)
             count[routes[t].idx[j]]++;
     /* groups in expert order; slots grouped by expert */
     int ng = 0;
-    int64_t off = 0, *first = calloc((size_t)ex->n, sizeof *first);
-    if (!first) {
-        free(count), free(slot_of), free(grp);
-        return mx_fail(e, MX_ENOMEM, "moe gather: out of memory");
-    }
+    int64_t off = 0;
     for (int i = 0; i < ex->n; i++)
         if (count[i]) {
             grp[ng] = (group){.e = i, .off = off, .n = count[i]};
@@ -108,16 +109,9 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
     size_t need = al64((size_t)(P * D) * sizeof(float)) * 2 + al64((size_t)(P * F) * sizeof(float)) * 2;
     for (int i = 0; i < ng; i++)
         need += al64(mx_batch_bytes(grp[i].n, D, gsx)) + al64(mx_batch_bytes(grp[i].n, F, gsh));
-    size_t cap = 0;
-    unsigned char *buf = mx_scratch_take(&g_scratch, need, &cap);
-    float *wslot = malloc(sizeof *wslot * (size_t)P);
-    int64_t *tbase = malloc(sizeof *tbase * (size_t)(T + 1));   /* token t's first in slot_of */
-    if (!buf || !wslot || !tbase) {
-        mx_scratch_give(&g_scratch, buf, cap);
-        free(wslot), free(tbase);
-        free(count), free(slot_of), free(grp), free(first);
-        return mx_fail(e, MX_ENOMEM, "moe gather: out of memory for %lld tokens", (long long)T);
-    }
+    buf = mx_scratch_take(&g_scratch, need, &cap);
+    if (!buf)
+        goto oom;
     float *xs = (float *)(void *)buf;
     float *g = (float *)(void *)(buf + al64((size_t)(P * D) * sizeof(float)));
     float *u = g + al64((size_t)(P * F) * sizeof(float)) / sizeof(float);
@@ -199,6 +193,9 @@ int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, 
         }
     }
     mx_scratch_give(&g_scratch, buf, cap);
-    free(count), free(slot_of), free(grp), free(first), free(wslot), free(tbase);
+    free(count), free(grp), free(slot_of), free(wslot);
     return MX_OK;
+oom:
+    free(count), free(grp), free(slot_of), free(wslot);
+    return mx_fail(e, MX_ENOMEM, "moe gather: out of memory for %lld tokens", (long long)T);
 }
