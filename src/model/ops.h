@@ -65,35 +65,13 @@ static inline float *mx_kv_at(const mx_seq *s, float *base, int layer, int kvh, 
 
 /* out[hd] = softmax(scale * q . K[j]) weighted sum of V[j] over positions
  * j in [start, pos]; K, V point at position 0 of the head's cache rows;
- * sc holds pos + 1 floats of scratch. */
-static inline void mx_attend_head(const float *q, const float *K, const float *V, int start,
-                                  int pos, int hd, float scale, float *sc, float *out)
-{
-    float mx = -INFINITY;
-    for (int j = start; j <= pos; j++) {
-        const float *kj = K + (size_t)j * hd;
-        float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-        for (int i = 0; i < hd; i++)
-            d += q[i] * kj[i];
-        sc[j] = d * scale;
-        if (sc[j] > mx)
-            mx = sc[j];
-    }
-    float sum = 0.0f;
-    for (int j = start; j <= pos; j++) {
-        sc[j] = expf(sc[j] - mx);
-        sum += sc[j];
-    }
-    memset(out, 0, sizeof(float) * (size_t)hd);
-    for (int j = start; j <= pos; j++) {
-        const float p = sc[j] / sum;
-        const float *vj = V + (size_t)j * hd;
-#pragma omp simd
-        for (int i = 0; i < hd; i++)
-            out[i] += p * vj[i];
-    }
-}
+ * sc holds pos + 1 floats of scratch (attend.c). */
+void mx_attend_head(const float *q, const float *K, const float *V, int start, int pos, int hd,
+                    float scale, float *sc, float *out);
+
+/* e^x for x <= 0 (the softmax's shifted scores) within 2 ulp of expf in
+ * the normal range, 0 below it; for tests. */
+float mx_expf_neg(float x);
 
 /* First position a token at pos attends to (sliding-window models). */
 static inline int mx_attn_start(const mx_model *m, int pos)
