@@ -49,9 +49,11 @@ static inline float exp_neg(float x)
 
 float mx_expf_neg(float x) { return exp_neg(x); }
 
+/* Static, with a plain wrapper below: clang 14 does not export a
+ * target_clones function under its own name. */
 MX_CLONES
-void mx_attend_head(const float *q, const float *K, const float *V, int start, int pos, int hd,
-                    float scale, float *sc, float *out)
+static void attend(const float *q, const float *K, const float *V, int start, int pos, int hd,
+                   float scale, float *sc, float *out)
 {
     float mx = -INFINITY;
     for (int j = start; j <= pos; j++) {
@@ -78,4 +80,10 @@ void mx_attend_head(const float *q, const float *K, const float *V, int start, i
         for (int i = 0; i < hd; i++)
             out[i] += p * vj[i];
     }
+}
+
+void mx_attend_head(const float *q, const float *K, const float *V, int start, int pos, int hd,
+                    float scale, float *sc, float *out)
+{
+    attend(q, K, V, start, pos, hd, scale, sc, out);
 }
