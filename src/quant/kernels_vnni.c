@@ -836,21 +836,39 @@ static size_t mm_prep_bytes_vnni(int64_t T, int64_t cols, int gs)
 static void mm_prep_vnni(const float *X, int64_t ldx, int64_t T, int64_t t0, int64_t t1, int64_t cols,
                          int gs, void *buf)
 {
+    /* 16 tokens at a time, group by group, so that each k-step's 4-byte
+     * pieces of the 16 are written as one 64-byte run: token by token the
+     * writes are T*4 bytes apart (4 KB at T = 1024) and each one touches a
+     * line of its own */
+    enum { TB16 = 16 };
     const int64_t ng = cols / gs;
     xquant xq = mm_layout(buf, T, cols, gs);
-    _Alignas(64) int8_t q[3][128];
+    _Alignas(64) int8_t q[TB16][3][128];
     int8_t *lv[3] = {xq.h, xq.m, xq.l};
-    for (int64_t t = t0; t < t1; t++) {
-        const float *xt = X + t * ldx;
-        mx_group_sums(xt, cols, gs, xq.xs + t * ng);
+    for (int64_t t = t0; t < t1; t++)
+        mx_group_sums(X + t * ldx, cols, gs, xq.xs + t * ng);
+    for (int64_t tb = t0; tb < t1; tb += TB16) {
+        const int nt = (int)(t1 - tb < TB16 ? t1 - tb : TB16);
         for (int64_t g = 0; g < ng; g++) {
-            xq.dx[t * ng + g] = quant_group(xt + g * gs, gs, q[0], q[1], q[2]);
+            for (int j = 0; j < nt; j++)
+                xq.dx[(tb + j) * ng + g] =
+                    quant_group(X + (tb + j) * ldx + g * gs, gs, q[j][0], q[j][1], q[j][2]);
             for (int l = 0; l < 3; l++)
-                for (int c = 0; c < gs; c += 4)   /* 4 bytes to [col/4][t] */
-                    memcpy(lv[l] + ((g * gs + c) / 4 * T + t) * 4, q[l] + c, 4);
+                for (int c = 0; c < gs; c += 4) {
+                    int8_t *dst = lv[l] + ((g * gs + c) / 4 * T + tb) * 4;   /* [col/4][t][4] */
+                    for (int j = 0; j < nt; j++)
+                        memcpy(dst + 4 * j, q[j][l] + c, 4);
+                }
         }
     }
 }
+
+/* Tokens per pass over the rows: a k-chunk of x for this many tokens (3
+ * levels x 192 x 512 bytes) stays in L2 while every row tile of the range
+ * runs over it; with all tokens of a long prompt at once, x came from L3
+ * for every row tile.  Tiles are built again per pass (a few % of the
+ * work). */
+#define TPASS 192
 
 static void matmul_rows_prepped_vnni(const mx_qmat *m, const void *xp, int64_t T, float *Y,
                                      int64_t ldy, int64_t r0, int64_t r1)
@@ -861,30 +879,33 @@ static void matmul_rows_prepped_vnni(const mx_qmat *m, const void *xp, int64_t T
 
     _Alignas(64) uint8_t tile[KC * RB];
     _Alignas(64) float ts[KC / 32 * RB], tb[KC / 32 * RB];
-    for (int64_t rt = r0; rt < r1; rt += RB) {
-        int nr = (int)(r1 - rt < RB ? r1 - rt : RB);
-        __mmask16 m0 = mask16(nr), m1 = mask16(nr > 16 ? nr - 16 : 0);
-        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
-            int kc = (int)(cols - k0 < KC ? cols - k0 : KC);   /* multiple of gs */
-            int ngt = kc / gs;
-            build_tile(m, rt, nr, k0, kc, tile);
-            for (int i = 0; i < RB; i++)
-                for (int g = 0; g < ngt; g++) {
-                    int64_t gi = (rt + i) * ng + k0 / gs + g;
-                    ts[g * RB + i] = i < nr ? mx_q_scalar_at(m->scales, m->sdtype, gi) : 0.0f;
-                    tb[g * RB + i] = i < nr ? mx_q_scalar_at(m->biases, m->sdtype, gi) : 0.0f;
-                }
-            int first = k0 == 0;
-            float *Yt = Y + rt;
-            int64_t t = 0;
-            for (; t + TB <= T; t += TB)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, TB);
-            for (; t + 8 <= T; t += 8)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 8);
-            for (; t + 4 <= T; t += 4)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 4);
-            for (; t < T; t++)
-                tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 1);
+    for (int64_t tp = 0; tp < T; tp += TPASS) {
+        const int64_t te = tp + TPASS < T ? tp + TPASS : T;
+        for (int64_t rt = r0; rt < r1; rt += RB) {
+            int nr = (int)(r1 - rt < RB ? r1 - rt : RB);
+            __mmask16 m0 = mask16(nr), m1 = mask16(nr > 16 ? nr - 16 : 0);
+            for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+                int kc = (int)(cols - k0 < KC ? cols - k0 : KC);   /* multiple of gs */
+                int ngt = kc / gs;
+                build_tile(m, rt, nr, k0, kc, tile);
+                for (int i = 0; i < RB; i++)
+                    for (int g = 0; g < ngt; g++) {
+                        int64_t gi = (rt + i) * ng + k0 / gs + g;
+                        ts[g * RB + i] = i < nr ? mx_q_scalar_at(m->scales, m->sdtype, gi) : 0.0f;
+                        tb[g * RB + i] = i < nr ? mx_q_scalar_at(m->biases, m->sdtype, gi) : 0.0f;
+                    }
+                int first = k0 == 0;
+                float *Yt = Y + rt;
+                int64_t t = tp;
+                for (; t + TB <= te; t += TB)
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, TB);
+                for (; t + 8 <= te; t += 8)
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 8);
+                for (; t + 4 <= te; t += 4)
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 4);
+                for (; t < te; t++)
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 1);
+            }
         }
     }
 }
