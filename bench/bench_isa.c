@@ -49,7 +49,7 @@ static double clock_ghz(void)
     return (double)n / (now() - t0) / 1e9;
 }
 
-/* 12 independent chains of one instruction: returns instructions/cycle. */
+/* 12 independent chains of one instruction: prints instructions per cycle. */
 #define ALONE(NAME, INIT, STEP)                                               \
     do {                                                                         \
         R12(INIT)                                                                \
