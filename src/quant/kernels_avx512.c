@@ -270,6 +270,8 @@ static void matmul_rows_avx512(const mx_qmat *m, const float *X, int64_t ldx, in
     }
 }
 
+const int mx_qk_avx512_built = 1;
+
 const mx_qkernels mx_qk_avx512 = {
     .name = "avx512",
     .prep_bytes = mx_q_sums_bytes,
@@ -279,20 +281,13 @@ const mx_qkernels mx_qk_avx512 = {
 };
 
 #elif defined(__x86_64__)
-/* Built without the AVX-512 flags (not through CMake): keep the symbol so the
- * table links, and run the reference code. */
+/* Built without the AVX-512 flags (not through CMake): the variant exists so
+ * the table links, but is never offered (mx_qkernels_get checks
+ * mx_qk_avx512_built). */
 #include "quant/qint.h"
-static void mv_ref(const mx_qmat *m, const float *x, const void *xs, float *y, int64_t a, int64_t b)
-{
-    mx_qk_scalar.matvec_rows(m, x, xs, y, a, b);
-}
-static void mm_ref(const mx_qmat *m, const float *X, int64_t ldx, int64_t T, float *Y,
-                   int64_t ldy, int64_t a, int64_t b)
-{
-    mx_qk_scalar.matmul_rows(m, X, ldx, T, Y, ldy, a, b);
-}
+const int mx_qk_avx512_built = 0;
 const mx_qkernels mx_qk_avx512 = { .name = "avx512", .prep_bytes = mx_q_sums_bytes,
-                                  .prep = mx_q_sums_prep, .matvec_rows = mv_ref, .matmul_rows = mm_ref };
+                                .prep = mx_q_sums_prep, .matvec_rows = NULL, .matmul_rows = NULL };
 #else
 typedef int mx_kernels_avx512_unused;
 #endif

@@ -17,9 +17,9 @@ extern const mx_qkernels mx_qk_scalar;
 extern const mx_qkernels mx_qk_avx2;
 extern const mx_qkernels mx_qk_avx512;
 extern const mx_qkernels mx_qk_avx512vnni;
-/* 0 when kernels_vnni.c was compiled without the VNNI flags (then the
+/* 0 when a variant's file was compiled without its target flags (then the
  * variant is never offered). */
-extern const int mx_qk_avx512vnni_built;
+extern const int mx_qk_avx2_built, mx_qk_avx512_built, mx_qk_avx512vnni_built;
 #endif
 #if defined(__aarch64__)
 extern const mx_qkernels mx_qk_neon;

@@ -245,10 +245,12 @@ const mx_qkernels *mx_qkernels_get(const char *name)
         return &mx_qk_scalar;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_f16c();
+    int avx2 = mx_qk_avx2_built && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma") && cpu_f16c();
     if (!strcmp(name, "avx2"))
         return avx2 ? &mx_qk_avx2 : NULL;
-    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    int avx512 = avx2 && mx_qk_avx512_built && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     if (!strcmp(name, "avx512"))
         return avx512 ? &mx_qk_avx512 : NULL;
