@@ -5,7 +5,8 @@
  *   variants  comma-separated kernel names (default: every one the CPU runs
  *             but scalar)
  *   parts     any of "mv" (matvec), "mm" (matmul), "probe" (memory read
- *             probes), comma-separated (default: all)
+ *             probes), "streams" (reads of 1, 2 and 4 streams per thread),
+ *             comma-separated (default: all)
  *
  * matvec: a set of `experts` pairs of 4-bit, group-64, f16-scale matrices
  * shaped like an MoE expert's projections (2048x1408 and 1408x2048), sized
@@ -119,6 +120,33 @@ static double read_probe(const uint64_t *buf, size_t n, int nth)
     return t;
 }
 
+/* All nth threads read buf, each its share as `ns` sequential streams side
+ * by side (one 64-byte line of each in turn), as a matvec over ns rows at a
+ * time reads its weights.  On the VMs this was written on, one stream per
+ * thread sometimes read twice as fast as two, and the weight kernels (two
+ * streams) never saw that speed; this shows which state the machine is in. */
+static double read_streams(const uint64_t *buf, size_t n, int nth, int ns)
+{
+    uint64_t sum = 0;
+    const long lines = (long)(n / 8);
+    double t0 = mx_now();
+#pragma omp parallel num_threads(nth) reduction(+ : sum)
+    {
+        long lo, hi;
+        mx_split(lines, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        const long per = (hi - lo) / ns;
+        for (long l = 0; l < per; l++)
+            for (int k = 0; k < ns; k++) {
+                const uint64_t *p = buf + (size_t)(lo + k * per + l) * 8;
+                sum += p[0] + p[1] + p[2] + p[3] + p[4] + p[5] + p[6] + p[7];
+            }
+    }
+    double t = mx_now() - t0;
+    if (sum == 42)
+        puts("");
+    return t;
+}
+
 int main(int argc, char **argv)
 {
     int nexp = argc > 1 ? atoi(argv[1]) : 192;
@@ -155,6 +183,21 @@ int main(int argc, char **argv)
         mx_set_threads(nth);
         printf("  %-10s threads=%d  best %6.2f GB/s  median %6.2f GB/s  (mx_membw_probe %.2f GB/s)\n",
                "memread", nth, bytes / mn / 1e9, bytes / med / 1e9, mx_membw_probe(bytes, reps));
+    }
+    if (listed(g_parts, "streams")) {
+        /* 1, 2 and 4 streams per thread, alternating within each repeat */
+        static const int nss[3] = {1, 2, 4};
+        double *ts = malloc(3 * (size_t)reps * sizeof *ts);
+        for (int r = 0; r < reps; r++)
+            for (int j = 0; j < 3; j++)
+                ts[j * reps + r] = read_streams(probe, nprobe, ncpu, nss[j]);
+        for (int j = 0; j < 3; j++) {
+            stats(ts + j * reps, reps, &mn, &med);
+            printf("  %-10s threads=%d  %d stream%s per thread: best %6.2f GB/s  median %6.2f GB/s\n",
+                   "streams", ncpu, nss[j], nss[j] > 1 ? "s" : " ", bytes / mn / 1e9,
+                   bytes / med / 1e9);
+        }
+        free(ts);
     }
     free(probe);
 
