@@ -28,6 +28,22 @@ expect() {
   fi
 }
 
+# usage NAME EXPECTED_SUBSTRING -- command...: a usage error, exit status 2
+usage() {
+  local name=$1 want=$2; shift 3
+  local err rc lines
+  err=$("$@" 2>&1 >/dev/null </dev/null); rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && printf '%s' "$err" | grep -qF -- "$want"; then
+    pass=$((pass + 1))
+    echo "ok   $name: $err"
+  else
+    fail=$((fail + 1))
+    echo "FAIL $name (exit $rc, $lines lines, wanted exit 2 and '$want'):"
+    printf '%s\n' "$err" | head -5
+  fi
+}
+
 fresh() {   # fresh copy of a fixture checkpoint into $T/$2
   rm -rf "$T/$2"; mkdir -p "$T/$2"
   cp "$FX/$1"/config.json "$FX/$1"/*.safetensors "$T/$2"/
@@ -102,6 +118,33 @@ expect "tokenize without a tokenizer" "tokenizer.json" -- "$BIN" tokenize -m "$F
 fresh qwen3_moe_tiny wordpiece
 echo '{"version":"1.0","model":{"type":"WordPiece","vocab":{"a":0}},"normalizer":null,"pre_tokenizer":null,"decoder":null,"added_tokens":[]}' > "$T/wordpiece/tokenizer.json"
 expect "unsupported tokenizer.json kind" "WordPiece" -- "$BIN" generate -m "$T/wordpiece" -p "hi" -n 2
+
+# usage errors: one line, exit 2, the likely option or command suggested
+Q=$FX/qwen3_moe_tiny
+usage "mistyped command" "did you mean 'generate'?" -- "$BIN" generat
+usage "unknown command" "unknown command 'frobnicate'" -- "$BIN" frobnicate
+usage "help for a mistyped command" "did you mean 'inspect'?" -- "$BIN" help inspct
+usage "mistyped top-level option" "did you mean '--version'?" -- "$BIN" --verison
+usage "mistyped option (transposition)" "did you mean '--temp'?" -- "$BIN" generate -m "$Q" --tmep 0
+usage "mistyped option (long form)" "did you mean '--temperature'?" -- "$BIN" generate --temprature 0
+usage "abbreviated option" "did you mean '--max-tokens'?" -- "$BIN" generate --max 3
+usage "mistyped chat option" "did you mean '--system'?" -- "$BIN" chat --sytem x
+usage "mistyped serve option" "did you mean '--port'?" -- "$BIN" serve --prot 8080
+usage "mistyped synth option" "did you mean '--preset'?" -- "$BIN" synth --prset x
+usage "mistyped tokenize option" "did you mean '--file'?" -- "$BIN" tokenize --fiel x
+usage "mistyped inspect option" "did you mean '--json'?" -- "$BIN" inspect --jsn
+usage "mistyped bench option" "did you mean '--repeats'?" -- "$BIN" bench --repeat 3
+usage "no suggestion when nothing is close" "see --help" -- "$BIN" generate --zzzzzzzz
+usage "stray argument" "unexpected argument 'hello'" -- "$BIN" generate hello
+usage "option without its value" "needs a value" -- "$BIN" generate -m "$Q" -p
+usage "-n below -1" "-n" -- "$BIN" generate -m "$Q" --prompt-ids 1 -n -2
+usage "--system with a raw prompt" "--system needs --chat" -- "$BIN" generate -m "$CHAT" -p hi --system x
+usage "two prompt sources" "exactly one of" -- "$BIN" generate -m "$CHAT" -p hi -f /dev/null
+usage "prompt file missing" "$T/none.txt" -- "$BIN" generate -m "$CHAT" -f "$T/none.txt"
+usage "prompt file is a directory" "$T" -- "$BIN" generate -m "$CHAT" -f "$T"
+printf 'a\0b' > "$T/nul.txt"
+usage "prompt file with a NUL byte" "NUL" -- "$BIN" generate -m "$CHAT" -f "$T/nul.txt"
+usage "chat with two first messages" "at most one of" -- "$BIN" chat -m "$CHAT" -p hi -f /dev/null
 
 # chat reads stdin when it is not a terminal, keeps going after /reset
 out=$(printf 'Hello\n/reset\nHi again\n/exit\n' | "$BIN" chat -m "$CHAT" --temp 0 -n 3 2>/dev/null); rc=$?

@@ -17,21 +17,22 @@
 #include "moe/moe.h"
 #include "util/membw.h"
 #include "util/parallel.h"
+#include "util/sysinfo.h"
 
-static void help(void)
+static void help(FILE *f)
 {
-    printf("usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [--compare-fused] [--json] [-t N]\n\n"
-           "Measures prefill of an N-token prompt and decode of N tokens (greedy, random prompt ids),\n"
-           "after a warm-up that is not counted; reports min/median/max over the repeats.\n\n"
-           "  -p, --prompt N      prompt tokens (default 128)\n"
-           "  -n, --gen N         decoded tokens per repeat (default 64)\n"
-           "  -r, --repeats N     repeats (default 3)\n"
-           "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
-           "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
-           "                      path (order F G G F) and report both and their ratio\n"
-           "      --bw-mb N       size of the bandwidth probe buffer, probed before and after the\n"
-           "                      decode of every repeat (default 1024 MiB; 0 = skip)\n"
-           "      --json          one JSON object on stdout\n");
+    fprintf(f, "usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [--compare-fused] [--json] [-t N]\n\n"
+               "Measures prefill of an N-token prompt and decode of N tokens (greedy, random prompt ids),\n"
+               "after a warm-up that is not counted; reports min/median/max over the repeats.\n\n"
+               "  -p, --prompt N      prompt tokens (default 128)\n"
+               "  -n, --gen N         decoded tokens per repeat (default 64)\n"
+               "  -r, --repeats N     repeats (default 3)\n"
+               "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
+               "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
+               "                      path (order F G G F) and report both and their ratio\n"
+               "      --bw-mb N       size of the bandwidth probe buffer, probed before and after the\n"
+               "                      decode of every repeat (default 1024 MiB; 0 = skip)\n"
+               "      --json          one JSON object on stdout\n");
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -98,7 +99,7 @@ int cmd_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *s;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
+            help(stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(dir = arg_value(argc, argv, &i)))
@@ -124,8 +125,7 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else {
-            fprintf(stderr, "mlxcel bench: unknown option '%s' (see --help)\n", a);
-            return 2;
+            return arg_unknown("bench", a, help);
         }
     }
     if (!dir) {
@@ -184,7 +184,7 @@ int cmd_bench(int argc, char **argv)
         push(&ttft, mx_now() - ta);
         push(&pre, np / tp);
         if (!rss)
-            rss = peak_rss_bytes();
+            rss = mx_peak_rss_bytes();
         const double bw0 = bw_mb > 0 ? mx_membw_probe((size_t)bw_mb << 20, 3) : 0;
         const int nd = dec.n;
         if (!compare) {

@@ -12,15 +12,18 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 
-static void help(void)
+static void help(FILE *f)
 {
-    printf("usage: mlxcel chat -m DIR [--system TEXT] [options]\n\n"
-           "Interactive chat through the checkpoint's chat template.  Type a message and press\n"
-           "enter; /reset clears the conversation, /exit (or end of input) quits.  Works with\n"
-           "stdin from a pipe: one message per line.\n\n"
-           "      --system TEXT       system message\n");
-    cli_common_help();
-    printf("\nDefaults: --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05; --temp 0 is greedy.\n");
+    fprintf(f, "usage: mlxcel chat -m DIR [--system TEXT] [-p TEXT | -f FILE] [options]\n\n"
+               "Interactive chat through the checkpoint's chat template.  Type a message and press\n"
+               "enter; /reset clears the conversation, /exit (or end of input) quits.  Works with\n"
+               "stdin from a pipe: one message per line.\n\n"
+               "      --system TEXT       system message\n"
+               "  -p, --prompt TEXT       first user message, answered before reading input\n"
+               "                          (-p - reads it from stdin)\n"
+               "  -f, --file FILE         first user message from FILE\n");
+    cli_common_help(f);
+    fprintf(f, "\nDefaults: --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05; --temp 0 is greedy.\n");
 }
 
 typedef struct reply {
@@ -81,55 +84,119 @@ static void convo_clear(convo *c, size_t keep)
         free(c->owned[--c->n]);
 }
 
+/* Everything a turn needs. */
+typedef struct chat {
+    mx_engine *g;
+    mx_session *s;
+    cli_opts *o;
+    convo c;
+} chat;
+
+/* One user turn: render the conversation, generate, stream the reply and
+ * append it.  A turn that cannot run (e.g. context full) is reported and
+ * dropped, and the conversation goes on; only running out of memory ends it. */
+static int turn(chat *ch, const char *text, mx_err *e)
+{
+    char *msg = strdup(text);
+    if (!msg || convo_add(&ch->c, "user", msg)) {
+        free(msg);
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    }
+    int32_t *ids = NULL;
+    int nid = 0;
+    reply r = {0};
+    mx_gen_stats st;
+    int rc = mx_engine_encode_chat(ch->g, ch->c.m, ch->c.n, &ids, &nid, NULL, e);
+    if (!rc)
+        rc = mx_generate(ch->g, ch->s, ids, nid, &ch->o->gen, on_token, &r, &st, e);
+    free(ids);
+    printf("\n");
+    fflush(stdout);
+    if (rc) {
+        fprintf(stderr, "mlxcel chat: %s\n", e->msg);
+        free(ch->c.owned[--ch->c.n]);
+        free(r.text);
+        return 0;
+    }
+    if (ch->o->stats)
+        fprintf(stderr, "[%d prompt tokens (%d cached), %d generated, %.1f tok/s, %s]\n", st.n_prompt,
+                st.n_cached, st.n_gen, st.t_decode > 0 ? (st.n_gen - 1) / st.t_decode : 0.0, st.finish);
+    char *answer = r.text ? r.text : strdup("");
+    if (!answer || convo_add(&ch->c, "assistant", answer)) {
+        free(answer);
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
 int cmd_chat(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o, 0.8f);
-    const char *system = NULL;
+    const char *system = NULL, *first = NULL, *file = NULL;
     for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
         int r = cli_common_option(argc, argv, &i, &o);
         if (r < 0)
             return 2;
         if (r > 0)
             continue;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            help();
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--system")) {
+        } else if (!strcmp(a, "--system")) {
             if (!(system = arg_value(argc, argv, &i)))
                 return 2;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(first = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (!(file = arg_value(argc, argv, &i)))
+                return 2;
         } else {
-            fprintf(stderr, "mlxcel chat: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
+            return arg_unknown("chat", a, help);
         }
     }
     if (!o.model) {
         fprintf(stderr, "mlxcel chat: -m DIR is required (see --help)\n");
         return 2;
     }
+    if (first && file) {
+        fprintf(stderr, "mlxcel chat: give at most one of -p, -f\n");
+        return 2;
+    }
+    char *read_text = NULL;
+    if (file || (first && !strcmp(first, "-"))) {
+        if (!(read_text = arg_read_text(file ? "-f" : "-p", file ? file : "-")))
+            return 2;
+        first = read_text;
+    }
     mx_err e = {0};
-    mx_engine *g = NULL;
-    mx_session *s = NULL;
-    if (mx_engine_load(o.model, MX_TOKENIZER_REQUIRED, &g, &e) ||
-        mx_session_new(g, cli_ctx(&o, g->model), &s, &e)) {
+    chat ch = {.o = &o};
+    int n_ctx = 0;
+    if (mx_engine_load(o.model, MX_TOKENIZER_REQUIRED, &ch.g, &e) ||
+        mx_session_new(ch.g, n_ctx = cli_ctx(&o, ch.g->model), &ch.s, &e)) {
         fprintf(stderr, "mlxcel chat: %s\n", e.msg);
-        mx_engine_free(g);
+        mx_engine_free(ch.g);
+        free(read_text);
         return 1;
     }
-    o.gen.max_tokens = o.max_tokens;
+    o.gen.max_tokens = cli_max_tokens(&o, n_ctx);
     const int tty = isatty(STDIN_FILENO);
     if (tty)
         fprintf(stderr, "mlxcel chat: %s — /reset to start over, /exit to quit\n", o.model);
-    convo c = {0};
     size_t base = 0;
-    if (system) {
-        convo_add(&c, "system", strdup(system));
-        base = 1;
+    char *sys = system ? strdup(system) : NULL;
+    if (system && (!sys || convo_add(&ch.c, "system", sys))) {
+        free(sys);
+        fprintf(stderr, "mlxcel chat: out of memory\n");
+        return 1;
     }
+    base = ch.c.n;
+    int rc = first ? turn(&ch, first, &e) : 0;
     char *line = NULL;
     size_t cap = 0;
-    int rc = 0;
-    for (;;) {
+    while (!rc) {
         if (tty)
             fprintf(stderr, "> ");
         ssize_t n = getline(&line, &cap, stdin);
@@ -140,48 +207,22 @@ int cmd_chat(int argc, char **argv)
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit"))
             break;
         if (!strcmp(line, "/reset")) {
-            convo_clear(&c, base);
-            mx_session_reset(s);
+            convo_clear(&ch.c, base);
+            mx_session_reset(ch.s);
             if (tty)
                 fprintf(stderr, "(conversation cleared)\n");
             continue;
         }
-        if (!n)
-            continue;
-        if (convo_add(&c, "user", strdup(line))) {
-            rc = mx_fail(&e, MX_ENOMEM, "out of memory");
-            break;
-        }
-        int32_t *ids = NULL;
-        int nid = 0;
-        reply r = {0};
-        mx_gen_stats st;
-        rc = mx_engine_encode_chat(g, c.m, c.n, &ids, &nid, NULL, &e);
-        if (!rc)
-            rc = mx_generate(g, s, ids, nid, &o.gen, on_token, &r, &st, &e);
-        free(ids);
-        printf("\n");
-        fflush(stdout);
-        if (rc) {
-            /* a turn that cannot run (e.g. context full) is reported and
-             * dropped; the conversation goes on */
-            fprintf(stderr, "mlxcel chat: %s\n", e.msg);
-            free(c.owned[--c.n]);
-            free(r.text);
-            rc = 0;
-            continue;
-        }
-        if (o.stats)
-            fprintf(stderr, "[%d prompt tokens (%d cached), %d generated, %.1f tok/s, %s]\n", st.n_prompt,
-                    st.n_cached, st.n_gen, st.t_decode > 0 ? (st.n_gen - 1) / st.t_decode : 0.0, st.finish);
-        convo_add(&c, "assistant", r.text ? r.text : strdup(""));
+        if (n)
+            rc = turn(&ch, line, &e);
     }
     free(line);
-    convo_clear(&c, 0);
-    free(c.m);
-    free(c.owned);
-    mx_session_free(s);
-    mx_engine_free(g);
+    free(read_text);
+    convo_clear(&ch.c, 0);
+    free(ch.c.m);
+    free(ch.c.owned);
+    mx_session_free(ch.s);
+    mx_engine_free(ch.g);
     if (rc)
         fprintf(stderr, "mlxcel chat: %s\n", e.msg);
     return rc ? 1 : 0;

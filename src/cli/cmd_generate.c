@@ -10,23 +10,28 @@
 #include "cli/common.h"
 #include "moe/moe.h"
 #include "util/parallel.h"
+#include "util/sysinfo.h"
 
-static void help(void)
+static void help(FILE *f)
 {
-    printf("usage: mlxcel generate -m DIR (-p TEXT | --chat TEXT | --prompt-ids IDS) [options]\n\n"
-           "Generates a continuation and streams it to stdout (statistics go to stderr).\n\n"
-           "prompt:\n"
-           "  -p, --prompt TEXT       raw prompt text (special tokens in it are recognised)\n"
-           "      --chat TEXT         TEXT as one user message through the chat template\n"
-           "      --system TEXT       system message for --chat\n"
-           "      --no-chat-template  with --chat: use TEXT as the raw prompt\n"
-           "      --prompt-ids IDS    token ids, comma or space separated\n"
-           "output:\n"
-           "      --ids-only          print generated ids (space separated, one line) instead of text\n"
-           "      --keep-special      print special tokens in the text\n"
-           "      --dump-logits FILE  write the logits after the last prompt token (raw f32 LE)\n");
-    cli_common_help();
-    printf("\nDefaults: --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05; --temp 0 is greedy.\n");
+    fprintf(f, "usage: mlxcel generate -m DIR (-p TEXT | -f FILE | --chat TEXT | --prompt-ids IDS) [options]\n\n"
+               "Generates a continuation and streams it to stdout (statistics go to stderr).\n\n"
+               "prompt:\n"
+               "  -p, --prompt TEXT       raw prompt text (special tokens in it are recognised);\n"
+               "                          -p - reads it from stdin\n"
+               "  -f, --file FILE         raw prompt text from FILE (one trailing newline dropped)\n"
+               "      --chat TEXT         TEXT as one user message through the chat template;\n"
+               "                          --chat - reads it from stdin\n"
+               "      --system TEXT       system message for --chat (a raw prompt has no template:\n"
+               "                          with -p or -f it is an error)\n"
+               "      --no-chat-template  with --chat: use TEXT as the raw prompt\n"
+               "      --prompt-ids IDS    token ids, comma or space separated\n"
+               "output:\n"
+               "      --ids-only          print generated ids (space separated, one line) instead of text\n"
+               "      --keep-special      print special tokens in the text\n"
+               "      --dump-logits FILE  write the logits after the last prompt token (raw f32 LE)\n");
+    cli_common_help(f);
+    fprintf(f, "\nDefaults: --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05; --temp 0 is greedy.\n");
 }
 
 typedef struct out_state {
@@ -59,7 +64,7 @@ static void print_stats(const mx_gen_stats *st)
             st->t_decode > 0 && dec ? dec / st->t_decode : 0.0, st->n_gen, st->t_decode);
     fprintf(stderr, "time to first token: %.3f s\n", st->t_first);
     fprintf(stderr, "finish: %s\n", st->finish);
-    fprintf(stderr, "peak RSS: %.1f MiB\n", (double)peak_rss_bytes() / 1048576.0);
+    fprintf(stderr, "peak RSS: %.1f MiB\n", (double)mx_peak_rss_bytes() / 1048576.0);
     fprintf(stderr, "threads: %d, kernel: %s\n", mx_threads(), mx_qkernels_active()->name);
     fprintf(stderr, "moe-dispatch fused=%ld gather=%ld\n", ms.fused, ms.gather);
 }
@@ -68,7 +73,7 @@ int cmd_generate(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o, 0.8f);
-    const char *prompt = NULL, *chat = NULL, *system = NULL, *ids_arg = NULL;
+    const char *prompt = NULL, *chat = NULL, *system = NULL, *ids_arg = NULL, *file = NULL;
     int no_template = 0, ids_only = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -78,10 +83,13 @@ int cmd_generate(int argc, char **argv)
         if (r > 0)
             continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
+            help(stdout);
             return 0;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             if (!(prompt = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (!(file = arg_value(argc, argv, &i)))
                 return 2;
         } else if (!strcmp(a, "--chat")) {
             if (!(chat = arg_value(argc, argv, &i)))
@@ -102,31 +110,50 @@ int cmd_generate(int argc, char **argv)
             if (!(o.gen.dump_logits = arg_value(argc, argv, &i)))
                 return 2;
         } else {
-            fprintf(stderr, "mlxcel generate: unknown option '%s' (see --help)\n", a);
-            return 2;
+            return arg_unknown("generate", a, help);
         }
     }
     if (!o.model) {
         fprintf(stderr, "mlxcel generate: -m DIR is required (see --help)\n");
         return 2;
     }
-    if (!!prompt + !!chat + !!ids_arg != 1) {
-        fprintf(stderr, "mlxcel generate: give exactly one of -p, --chat, --prompt-ids\n");
+    if (!!prompt + !!file + !!chat + !!ids_arg != 1) {
+        fprintf(stderr, "mlxcel generate: give exactly one of -p, -f, --chat, --prompt-ids\n");
         return 2;
     }
+    if (system && !chat) {
+        fprintf(stderr, "mlxcel generate: --system needs --chat (a raw -p/-f/--prompt-ids prompt does not "
+                        "go through the chat template)\n");
+        return 2;
+    }
+    /* -f FILE, -p - and --chat - : the text from a file or stdin */
+    char *read_text = NULL;
+    if (file || (prompt && !strcmp(prompt, "-")) || (chat && !strcmp(chat, "-"))) {
+        const char *opt = file ? "-f" : prompt ? "-p" : "--chat";
+        if (!(read_text = arg_read_text(opt, file ? file : "-")))
+            return 2;
+        if (chat)
+            chat = read_text;
+        else
+            prompt = read_text;
+    }
+
+    int32_t *ids = NULL;
+    int n = 0, rc = 0;
+    if (ids_arg && arg_ids("--prompt-ids", ids_arg, &ids, &n))
+        return 2;
 
     mx_err e = {0};
     mx_engine *g = NULL;
     int need_tok = ids_arg && ids_only ? MX_TOKENIZER_OPTIONAL : MX_TOKENIZER_REQUIRED;
     if (mx_engine_load(o.model, need_tok, &g, &e)) {
         fprintf(stderr, "mlxcel generate: %s\n", e.msg);
+        free(ids);
+        free(read_text);
         return 1;
     }
-    int32_t *ids = NULL;
-    int n = 0, rc = 0;
     if (ids_arg) {
-        if (arg_ids("--prompt-ids", ids_arg, &ids, &n))
-            rc = 2;
+        /* parsed above */
     } else if (prompt || no_template) {
         rc = mx_engine_encode(g, prompt ? prompt : chat, &ids, &n, &e);
     } else {
@@ -142,10 +169,11 @@ int cmd_generate(int argc, char **argv)
 
     mx_session *s = NULL;
     mx_gen_stats st = {0};
+    const int n_ctx = cli_ctx(&o, g->model);
     if (!rc)
-        rc = mx_session_new(g, cli_ctx(&o, g->model), &s, &e);
+        rc = mx_session_new(g, n_ctx, &s, &e);
     if (!rc) {
-        o.gen.max_tokens = o.max_tokens;
+        o.gen.max_tokens = cli_max_tokens(&o, n_ctx);
         out_state os = {.ids_only = ids_only};
         mx_moe_stats_reset();
         rc = mx_generate(g, s, ids, n, &o.gen, on_token, &os, &st, &e);
@@ -155,7 +183,7 @@ int cmd_generate(int argc, char **argv)
             putchar('\n');
         fflush(stdout);
     }
-    if (rc && rc != 2)
+    if (rc)
         fprintf(stderr, "mlxcel generate: %s\n", e.msg);
     if (!rc && o.stats) {
         print_stats(&st);
@@ -165,7 +193,8 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "moe-dispatch fused=%ld gather=%ld\n", ms.fused, ms.gather);
     }
     free(ids);
+    free(read_text);
     mx_session_free(s);
     mx_engine_free(g);
-    return rc == 2 ? 2 : rc ? 1 : 0;
+    return rc ? 1 : 0;
 }

@@ -11,12 +11,12 @@
 #include "model/family.h"
 #include "model/model.h"
 
-static void help(void)
+static void help(FILE *f)
 {
-    printf("usage: mlxcel inspect -m DIR [--ctx N] [--json]\n\n"
-           "Summarises a checkpoint: family, dimensions, expert layout, quantization per tensor\n"
-           "class, parameter count, bytes on disk, and the memory needed for the weights and for\n"
-           "the KV cache at N tokens (default 4096).  --json prints one JSON object on stdout.\n");
+    fprintf(f, "usage: mlxcel inspect -m DIR [--ctx N] [--json]\n\n"
+               "Summarises a checkpoint: family, dimensions, expert layout, quantization per tensor\n"
+               "class, parameter count, bytes on disk, and the memory needed for the weights and for\n"
+               "the KV cache at N tokens (default 4096).  --json prints one JSON object on stdout.\n");
 }
 
 /* The distinct quantizations seen in one class of tensors. */
@@ -70,7 +70,7 @@ int cmd_inspect(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
+            help(stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(dir = arg_value(argc, argv, &i)))
@@ -81,8 +81,7 @@ int cmd_inspect(int argc, char **argv)
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else {
-            fprintf(stderr, "mlxcel inspect: unknown option '%s' (see --help)\n", a);
-            return 2;
+            return arg_unknown("inspect", a, help);
         }
     }
     if (!dir) {

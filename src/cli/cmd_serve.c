@@ -13,9 +13,9 @@
 #include "server/server.h"
 #include "util/parallel.h"
 
-static void help(void)
+static void help(FILE *f)
 {
-    printf("usage: mlxcel serve -m DIR [options]\n\n"
+    fprintf(f, "usage: mlxcel serve -m DIR [options]\n\n"
            "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
            "GET /v1/models, GET /health, POST /tokenize, POST /detokenize (docs/server.md).\n"
            "Requests are decoded together (continuous batching); logs go to stderr.\n\n"
@@ -35,8 +35,8 @@ static void help(void)
            "                          faster), on (always one batched forward), off (one per request)\n"
            "      --quiet             no per-request log lines\n"
            "model and sampling defaults (a request's fields override them):\n");
-    cli_common_help();
-    printf("\nThe context size (--ctx-size) is per slot: memory grows with --parallel.\n");
+    cli_common_help(f);
+    fprintf(f, "\nThe context size (--ctx-size) is per slot: memory grows with --parallel.\n");
 }
 
 static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
@@ -52,7 +52,7 @@ static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
 #define VAL() do { if (!(v = arg_value(argc, argv, &i))) return 2; } while (0)
 #define INT(lo, hi, dst) do { VAL(); if (arg_long(a, v, lo, hi, &n)) return 2; dst = (int)n; } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
+            help(stdout);
             return 1;
         } else if (!strcmp(a, "--host")) {
             VAL();
@@ -97,8 +97,7 @@ static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
         } else if (!strcmp(a, "--quiet")) {
             so->quiet = 1;
         } else {
-            fprintf(stderr, "mlxcel serve: unknown option '%s' (see --help)\n", a);
-            return 2;
+            return arg_unknown("serve", a, help);
         }
 #undef INT
 #undef VAL
@@ -138,7 +137,7 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     so.n_ctx = cli_ctx(&co, g->model);
-    so.n_predict = co.max_tokens > 0 ? co.max_tokens : 256;
+    so.n_predict = co.max_tokens ? cli_max_tokens(&co, so.n_ctx) : 256;
     so.sample = co.gen.sample;
     mx_server *s = NULL;
     if (mx_server_start(g, &so, &s, &e)) {

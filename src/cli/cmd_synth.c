@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "synth/synth.h"
 
@@ -89,6 +90,25 @@ static int parse_int(const char *s, int *out)
     return 0;
 }
 
+/* The help text with the default options (what arg_unknown reads the option
+ * names from). */
+static void default_usage(FILE *f)
+{
+    mx_synth_opts o;
+    mx_synth_opts_default(&o);
+    usage(f, &o);
+}
+
+static int takes_value(const char *a)
+{
+    static const char *const opts[] = {"--preset", "--out", "--bits", "--group-size", "--scale-dtype",
+                                       "--layout", "--seed", "--shard-gb", "--shard-mb"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (!strcmp(a, opts[i]))
+            return 1;
+    return 0;
+}
+
 int cmd_synth(int argc, char **argv)
 {
     mx_synth_opts o;
@@ -110,7 +130,9 @@ int cmd_synth(int argc, char **argv)
             o.progress = 0;
             takes = 0;
         } else if (!v) {
-            fprintf(stderr, "mlxcel synth: %s needs a value (or unknown option)\n", a);
+            if (!takes_value(a))
+                return arg_unknown("synth", a, default_usage);
+            fprintf(stderr, "mlxcel synth: option %s needs a value\n", a);
             return 2;
         } else if (!strcmp(a, "--preset")) {
             preset = v;
@@ -166,8 +188,7 @@ int cmd_synth(int argc, char **argv)
             if (o.shard_bytes == 0)
                 o.shard_bytes = 1;
         } else {
-            fprintf(stderr, "mlxcel synth: unknown option '%s' (see --help)\n", a);
-            return 2;
+            return arg_unknown("synth", a, default_usage);
         }
         i += takes;
     }

@@ -19,14 +19,31 @@ static int load(const char *dir, mx_tokenizer **t)
     return 0;
 }
 
+static void tokenize_help(FILE *f)
+{
+    fprintf(f, "usage: mlxcel tokenize -m DIR (-p TEXT | -f FILE)\n\n"
+               "Prints the token ids of TEXT on one line, space separated.  Special tokens\n"
+               "written in the text (e.g. <|im_start|>) are recognised; no BOS/EOS is added.\n\n"
+               "  -m, --model DIR     checkpoint folder with tokenizer.json\n"
+               "  -p, --prompt TEXT   the text (-p - reads it from stdin)\n"
+               "  -f, --file FILE     the text from FILE (one trailing newline dropped)\n");
+}
+
+static void detokenize_help(FILE *f)
+{
+    fprintf(f, "usage: mlxcel detokenize -m DIR --ids IDS\n\n"
+               "Prints the text of the token ids (comma or space separated) exactly, with no\n"
+               "newline added; special tokens are printed as they are.\n\n"
+               "  -m, --model DIR     checkpoint folder with tokenizer.json\n"
+               "      --ids IDS       token ids, comma or space separated\n");
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
-    const char *dir = NULL, *text = NULL;
+    const char *dir = NULL, *text = NULL, *file = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: mlxcel tokenize -m DIR -p TEXT\n\n"
-                   "Prints the token ids of TEXT on one line, space separated.  Special tokens\n"
-                   "written in the text (e.g. <|im_start|>) are recognised; no BOS/EOS is added.\n");
+            tokenize_help(stdout);
             return 0;
         } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
             if (!(dir = arg_value(argc, argv, &i)))
@@ -34,18 +51,28 @@ int cmd_tokenize(int argc, char **argv)
         } else if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
             if (!(text = arg_value(argc, argv, &i)))
                 return 2;
+        } else if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file")) {
+            if (!(file = arg_value(argc, argv, &i)))
+                return 2;
         } else {
-            fprintf(stderr, "mlxcel tokenize: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
+            return arg_unknown("tokenize", argv[i], tokenize_help);
         }
     }
-    if (!dir || !text) {
-        fprintf(stderr, "mlxcel tokenize: -m DIR and -p TEXT are required (see --help)\n");
+    if (!dir || !!text + !!file != 1) {
+        fprintf(stderr, "mlxcel tokenize: -m DIR and one of -p TEXT, -f FILE are required (see --help)\n");
         return 2;
     }
+    char *read_text = NULL;
+    if (file || !strcmp(text, "-")) {
+        if (!(read_text = arg_read_text(file ? "-f" : "-p", file ? file : "-")))
+            return 2;
+        text = read_text;
+    }
     mx_tokenizer *t = NULL;
-    if (load(dir, &t))
+    if (load(dir, &t)) {
+        free(read_text);
         return 1;
+    }
     mx_err e = {0};
     int32_t *ids = NULL;
     size_t n = 0;
@@ -58,6 +85,7 @@ int cmd_tokenize(int argc, char **argv)
         printf("\n");
     }
     free(ids);
+    free(read_text);
     mx_tok_free(t);
     return rc ? 1 : 0;
 }
@@ -67,9 +95,7 @@ int cmd_detokenize(int argc, char **argv)
     const char *dir = NULL, *list = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: mlxcel detokenize -m DIR --ids IDS\n\n"
-                   "Prints the text of the token ids (comma or space separated) exactly, with no\n"
-                   "newline added; special tokens are printed as they are.\n");
+            detokenize_help(stdout);
             return 0;
         } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
             if (!(dir = arg_value(argc, argv, &i)))
@@ -78,8 +104,7 @@ int cmd_detokenize(int argc, char **argv)
             if (!(list = arg_value(argc, argv, &i)))
                 return 2;
         } else {
-            fprintf(stderr, "mlxcel detokenize: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
+            return arg_unknown("detokenize", argv[i], detokenize_help);
         }
     }
     if (!dir || !list) {

@@ -1,6 +1,7 @@
 /* common.c - options shared by generate, chat and serve. */
 #include "cli/common.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -20,22 +21,24 @@ void cli_opts_init(cli_opts *o, float default_temp)
     o->gen.stops = o->stops;
 }
 
-void cli_common_help(void)
+void cli_common_help(FILE *f)
 {
-    printf("  -m, --model DIR         MLX checkpoint folder (config.json, *.safetensors, tokenizer.json)\n"
-           "  -n, --max-tokens N      tokens to generate (default 256)\n"
-           "  -c, --ctx-size N        context size in tokens (default min(model max, 4096))\n"
-           "  -t, --threads N         worker threads (default: MLXCEL_THREADS or all CPUs)\n"
-           "      --temp T            temperature; 0 = greedy\n"
-           "      --top-k K           keep the K most likely tokens (0 = off, default 40)\n"
-           "      --top-p P           nucleus sampling (1 = off, default 0.95)\n"
-           "      --min-p P           drop tokens below P x the top probability (0 = off, default 0.05)\n"
-           "      --repeat-penalty R  penalise recent tokens (1 = off, default)\n"
-           "      --repeat-last-n N   window for the repetition penalty (default 64)\n"
-           "      --seed S            seed for reproducible sampling\n"
-           "      --stop TEXT         stop when TEXT is generated (repeatable)\n"
-           "      --ignore-eos        keep going past end-of-sequence tokens\n"
-           "      --stats             print timing and dispatch statistics on stderr\n");
+    fprintf(f, "  -m, --model DIR         MLX checkpoint folder (config.json, *.safetensors, tokenizer.json)\n"
+               "  -n, --max-tokens N      tokens to generate (default 256; -1 = until end of sequence\n"
+               "                          or a full context)\n"
+               "  -c, --ctx-size N        context size in tokens (default min(model max, 4096); above the\n"
+               "                          model's max_position_embeddings: a warning)\n"
+               "  -t, --threads N         worker threads (default: MLXCEL_THREADS or all CPUs)\n"
+               "      --temp T            temperature (also --temperature); 0 = greedy\n"
+               "      --top-k K           keep the K most likely tokens (0 = off, default 40)\n"
+               "      --top-p P           nucleus sampling (1 = off, default 0.95)\n"
+               "      --min-p P           drop tokens below P x the top probability (0 = off, default 0.05)\n"
+               "      --repeat-penalty R  penalise recent tokens (1 = off, default)\n"
+               "      --repeat-last-n N   window for the repetition penalty (default 64)\n"
+               "      --seed S            seed for reproducible sampling\n"
+               "      --stop TEXT         stop when TEXT is generated (repeatable)\n"
+               "      --ignore-eos        keep going past end-of-sequence tokens\n"
+               "      --stats             print timing and dispatch statistics on stderr\n");
 }
 
 int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
@@ -49,7 +52,7 @@ int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
         o->model = v;
     } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
         VAL();
-        if (arg_long(a, v, 0, 1 << 30, &n))
+        if (arg_long(a, v, -1, 1 << 30, &n))
             return -1;
         o->max_tokens = (int)n;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
@@ -113,8 +116,19 @@ int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
 
 int cli_ctx(const cli_opts *o, const mx_model *m)
 {
-    if (o->ctx > 0)
-        return o->ctx;
     int mp = m->cfg.max_position_embeddings;
+    if (o->ctx > 0) {
+        /* allowed (rope extrapolates, and tests use it), but say so */
+        if (mp > 0 && o->ctx > mp)
+            fprintf(stderr, "mlxcel: warning: --ctx-size %d is above the model's maximum of %d tokens "
+                            "(max_position_embeddings); text past %d positions may degrade\n",
+                    o->ctx, mp, mp);
+        return o->ctx;
+    }
     return mp > 0 && mp < 4096 ? mp : 4096;
+}
+
+int cli_max_tokens(const cli_opts *o, int n_ctx)
+{
+    return o->max_tokens < 0 ? (n_ctx > 0 ? n_ctx : INT_MAX) : o->max_tokens;
 }

@@ -3,6 +3,8 @@
 #ifndef MX_CLI_COMMON_H
 #define MX_CLI_COMMON_H
 
+#include <stdio.h>
+
 #include "gen/gen.h"
 
 #define CLI_MAX_STOPS 16
@@ -10,7 +12,7 @@
 typedef struct cli_opts {
     const char *model;
     int ctx;                   /* 0: the default (see cli_ctx) */
-    int max_tokens;
+    int max_tokens;            /* -1: until end of sequence (see cli_max_tokens) */
     int stats;
     mx_gen_opts gen;
     const char *stops[CLI_MAX_STOPS];
@@ -21,8 +23,12 @@ void cli_opts_init(cli_opts *o, float default_temp);
  * 0 when it is not one, -1 after printing an error. */
 int cli_common_option(int argc, char **argv, int *i, cli_opts *o);
 /* Help text for the shared options. */
-void cli_common_help(void);
-/* Context size: the option, else min(max_position_embeddings, 4096). */
+void cli_common_help(FILE *f);
+/* Context size: the option (with a warning on stderr when it is above the
+ * model's max_position_embeddings), else min(max_position_embeddings, 4096). */
 int cli_ctx(const cli_opts *o, const mx_model *m);
+/* Tokens to generate: -n, where -1 (llama.cpp's "until end of sequence")
+ * becomes the whole context, which generation never runs past. */
+int cli_max_tokens(const cli_opts *o, int n_ctx);
 
 #endif

@@ -1,8 +1,14 @@
-/* main.c - the mlxcel executable: dispatches to a subcommand. */
+/* main.c - the mlxcel executable: dispatches to a subcommand, answers
+ * --version and `help COMMAND`, and suggests the command meant by a typo. */
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
+#include "mx_gitdesc.h"
+#include "quant/quant.h"
+#include "util/parallel.h"
+#include "util/sysinfo.h"
 
 static const struct {
     const char *name;
@@ -18,20 +24,59 @@ static const struct {
     {"tokenize", cmd_tokenize, "text to token ids"},
     {"detokenize", cmd_detokenize, "token ids to text"},
 };
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mlxcel COMMAND [options]   (mlxcel COMMAND --help for details)\n\n"
+    fprintf(f, "usage: mlxcel COMMAND [options]   (mlxcel help COMMAND for details)\n"
+               "       mlxcel --version\n\n"
                "Runs MLX-format quantized language models (mixture-of-experts first) on the CPU.\n\n"
                "commands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nenvironment:\n"
                "  MLXCEL_THREADS=N            worker threads (default: all CPUs)\n"
                "  MLXCEL_FUSED_MOE=0          disable the fused single-token MoE kernel\n"
                "  MLXCEL_FUSED_MOE_MAX_DFF=N  largest expert width the fused kernel takes\n"
-               "  MLXCEL_KERNEL=NAME          force a kernel variant (scalar, avx2, avx512)\n"
+               "  MLXCEL_KERNEL=NAME          force a kernel variant (scalar, avx2, avx512, avx512vnni)\n"
                "  MLXCEL_TRACE_MOE=1          print MoE dispatch counts on stderr\n");
+}
+
+/* Version, the commit and compiler it was built from, and the kernel variant
+ * this CPU gets (the one thing that changes speed between machines). */
+static int version(void)
+{
+    printf("mlxcel %s (commit %s)\n", mx_version(), MX_GIT_DESCRIBE);
+    printf("build: %s\n", mx_build_info());
+    printf("kernel: %s (this CPU runs:", mx_qkernels_active()->name);
+    for (const char *const *k = mx_qkernels_names(); *k; k++)
+        if (mx_qkernels_get(*k))
+            printf(" %s", *k);
+    printf("; MLXCEL_KERNEL picks one)\n");
+    printf("threads: %d\n", mx_threads());
+    return 0;
+}
+
+static int find_command(const char *name)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, commands[i].name))
+            return (int)i;
+    return -1;
+}
+
+/* One line naming the unknown command, with the likely one when it is close. */
+static int unknown_command(const char *name)
+{
+    const char *names[N_COMMANDS];
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        names[i] = commands[i].name;
+    const char *near = arg_closest(name, names, N_COMMANDS);
+    if (near)
+        fprintf(stderr, "mlxcel: unknown command '%s' (did you mean '%s'?)\n", name, near);
+    else
+        fprintf(stderr, "mlxcel: unknown command '%s' (mlxcel --help lists the commands)\n", name);
+    return 2;
 }
 
 int main(int argc, char **argv)
@@ -40,14 +85,33 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    const char *a = argv[1];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h") || (!strcmp(a, "help") && argc == 2)) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name))
-            return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "mlxcel: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return 2;
+    if (!strcmp(a, "--version") || !strcmp(a, "-v") || !strcmp(a, "version"))
+        return version();
+    if (!strcmp(a, "help")) {
+        /* `mlxcel help CMD` is `mlxcel CMD --help` */
+        int c = find_command(argv[2]);
+        if (c < 0)
+            return unknown_command(argv[2]);
+        char *args[] = {argv[2], "--help", NULL};
+        return commands[c].fn(2, args);
+    }
+    int c = find_command(a);
+    if (c >= 0)
+        return commands[c].fn(argc - 1, argv + 1);
+    if (a[0] == '-') {
+        static const char *const top[] = {"--help", "--version"};
+        const char *near = arg_closest(a, top, 2);
+        if (near)
+            fprintf(stderr, "mlxcel: unknown option '%s' (did you mean '%s'?)\n", a, near);
+        else
+            fprintf(stderr, "mlxcel: unknown option '%s' (options go after the command: mlxcel COMMAND "
+                            "--help)\n", a);
+        return 2;
+    }
+    return unknown_command(a);
 }
