@@ -146,6 +146,25 @@ printf 'a\0b' > "$T/nul.txt"
 usage "prompt file with a NUL byte" "NUL" -- "$BIN" generate -m "$CHAT" -f "$T/nul.txt"
 usage "chat with two first messages" "at most one of" -- "$BIN" chat -m "$CHAT" -p hi -f /dev/null
 
+# mlxcel template: bad arguments are usage errors, a template's own error is not
+TOK=$FX/tokenizers/mixtral
+echo '[{"role": "user", "content": "hi"}]' > "$T/msgs.json"
+usage "template without --messages" "--messages FILE are required" -- "$BIN" template -m "$TOK"
+usage "template of a missing folder" "$T/none: not a directory" -- "$BIN" template -m "$T/none" --messages "$T/msgs.json"
+usage "template --kwarg without =" "expected KEY=JSON" -- "$BIN" template -m "$TOK" --messages "$T/msgs.json" --kwarg flag
+usage "template --kwarg value not JSON" "not JSON" -- "$BIN" template -m "$TOK" --messages "$T/msgs.json" --kwarg enable_thinking=flase
+echo '[{"role": "user", "content": "hi"}' > "$T/cut.json"
+usage "template messages not JSON" "invalid JSON at byte" -- "$BIN" template -m "$TOK" --messages "$T/cut.json"
+echo '{"role": "user", "content": "hi"}' > "$T/one.json"
+usage "template messages not a list" "expected a JSON array" -- "$BIN" template -m "$TOK" --messages "$T/one.json"
+echo '[{"role": "user", "content": "hi"}, {"content": "no role"}]' > "$T/norole.json"
+usage "template message without a role" "message 1" -- "$BIN" template -m "$TOK" --messages "$T/norole.json"
+usage "template tools not a list" "--tools" -- "$BIN" template -m "$TOK" --messages "$T/msgs.json" --tools "$T/one.json"
+echo '[{"role": "assistant", "content": "first"}]' > "$T/order.json"
+expect "template raises an exception" "conversation roles must alternate" -- "$BIN" template -m "$TOK" --messages "$T/order.json"
+echo '{% if %}' > "$T/broken.jinja"
+expect "template with a syntax error" "syntax error" -- "$BIN" template -m "$TOK" --messages "$T/msgs.json" --template "$T/broken.jinja"
+
 # chat reads stdin when it is not a terminal, keeps going after /reset
 out=$(printf 'Hello\n/reset\nHi again\n/exit\n' | "$BIN" chat -m "$CHAT" --temp 0 -n 3 2>/dev/null); rc=$?
 if [ $rc -eq 0 ] && [ "$(printf '%s\n' "$out" | grep -c .)" -ge 1 ]; then

@@ -18,6 +18,7 @@ static const struct {
     {"generate", cmd_generate, "generate text or token ids from a prompt"},
     {"chat", cmd_chat, "interactive chat through the model's chat template"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"template", cmd_template, "print the prompt the chat template renders for messages"},
     {"bench", cmd_bench, "measure prefill and decode speed"},
     {"inspect", cmd_inspect, "summarise a checkpoint (shapes, quantization, memory)"},
     {"synth", cmd_synth, "write a synthetic MLX checkpoint with random weights"},
