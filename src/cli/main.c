@@ -21,6 +21,7 @@ static const struct {
     {"template", cmd_template, "print the prompt the chat template renders for messages"},
     {"bench", cmd_bench, "measure prefill and decode speed"},
     {"inspect", cmd_inspect, "summarise a checkpoint (shapes, quantization, memory)"},
+    {"perplexity", cmd_perplexity, "perplexity of a text; KL divergence against a saved run"},
     {"synth", cmd_synth, "write a synthetic MLX checkpoint with random weights"},
     {"tokenize", cmd_tokenize, "text to token ids"},
     {"detokenize", cmd_detokenize, "token ids to text"},
