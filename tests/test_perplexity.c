@@ -396,7 +396,9 @@ static int run_saved(mx_model *m, const int32_t *tokens, int ctx, int n_chunks, 
 
 /* The fixture's prompt followed by its greedy continuation, ctx 50: the
  * scored positions 25..48 are exactly those where transformers' logits are
- * stored (in full at 25, the top 32 at every one of them). */
+ * stored (in full at 25, the top 32 at every one of them).  The fixtures
+ * agree with transformers to about 1e-5 (fixtures README; 2e-5 measured here
+ * with every kernel variant): 2e-4 leaves room for that and nothing else. */
 static void test_against_transformers(const char *fx)
 {
     char dir[1024], refpath[1100], path[512];
