@@ -172,7 +172,7 @@ static void print_text(const ppl_args *a, const mx_ppl_run *r, const mx_kl_summa
     if (!k)
         return;
     printf("PPL(base)      = %.6f ± %.6f\n", k->ppl_base, k->ppl_base_err);
-    printf("ΔPPL           = %.6f ± %.6f (%+.4f ± %.4f %%)\n", k->dppl, k->dppl_err, 100 * k->dppl_rel,
+    printf("ΔPPL           = %.6g ± %.3g (%+.4g ± %.3g %%)\n", k->dppl, k->dppl_err, 100 * k->dppl_rel,
            100 * k->dppl_rel_err);
     if (bi->form == MX_KLBASE_TOPK)
         printf("KL divergence from the base's top %d (a lower bound, see docs/quality.md):\n", bi->top_k);
@@ -181,8 +181,8 @@ static void print_text(const ppl_args *a, const mx_ppl_run *r, const mx_kl_summa
     printf("99%% KLD        = %.6g\n", k->kl_p99);
     printf("max KLD        = %.6g\n", k->kl_max);
     printf("same top token = %.3f ± %.3f %%\n", 100 * k->same_top, 100 * k->same_top_err);
-    printf("mean Δp        = %.4f ± %.4f %%\n", 100 * k->dp_mean, 100 * k->dp_mean_err);
-    printf("RMS Δp         = %.4f ± %.4f %%\n", 100 * k->dp_rms, 100 * k->dp_rms_err);
+    printf("mean Δp        = %.4g ± %.3g %%\n", 100 * k->dp_mean, 100 * k->dp_mean_err);
+    printf("RMS Δp         = %.4g ± %.3g %%\n", 100 * k->dp_rms, 100 * k->dp_rms_err);
     (void)a;
 }
 
