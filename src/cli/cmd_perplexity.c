@@ -15,29 +15,30 @@
 #include "tokenizer/tokenizer.h"
 #include "util/parallel.h"
 
-static void help(void)
+static void help(FILE *f)
 {
-    printf("usage: mlxcel perplexity -m DIR -f FILE [--ctx N] [--chunks N] [--json]\n"
-           "                         [--kl-divergence-base OUT [--top-k K] | --kl-divergence-base BASE --kl-divergence]\n\n"
-           "Perplexity of the model on the text of FILE, as llama.cpp's llama-perplexity measures it:\n"
-           "the whole file is tokenized (no BOS or other token added), cut into chunks of N tokens,\n"
-           "each chunk runs from an empty cache, and the second half of every chunk is scored.\n"
-           "Prints PPL = exp(mean NLL) +- its uncertainty; a progress line per chunk goes to stderr.\n\n"
-           "  -m, --model DIR             MLX checkpoint folder with tokenizer.json\n"
-           "  -f, --file FILE             UTF-8 text to score\n"
-           "  -c, --ctx N                 tokens per chunk (default 512)\n"
-           "      --chunks N              score at most the first N chunks\n"
-           "      --batch N               tokens per forward call (default: the whole chunk); 1 runs every\n"
-           "                              token through the single-token decode path (fused MoE kernel)\n"
-           "  -t, --threads N             worker threads\n"
-           "      --json                  print the result as one JSON object on stdout\n"
-           "      --kl-divergence-base F  without --kl-divergence: save this run's distributions to F\n"
-           "      --top-k K               with a base file to write: store each position's K most likely\n"
-           "                              tokens and the rest's mass (default 0 = the full distribution)\n"
-           "      --kl-divergence         compare this run with base file F: KL divergence, same top\n"
-           "                              token, PPL of both, RMS of the change in the correct token's\n"
-           "                              probability.  --ctx and --chunks default to the base file's\n\n"
-           "See docs/quality.md for the definitions, the base file's format and how to compare builds.\n");
+    fprintf(f, "usage: mlxcel perplexity -m DIR -f FILE [--ctx N] [--chunks N] [--json]\n"
+               "                         [--kl-divergence-base OUT [--top-k K] | --kl-divergence-base BASE --kl-divergence]\n\n"
+               "Perplexity of the model on the text of FILE, as llama.cpp's llama-perplexity measures it:\n"
+               "the whole file, exactly as it is, is tokenized (no BOS or other token added), cut into\n"
+               "chunks of N tokens, each chunk runs from an empty cache, and the second half of every\n"
+               "chunk is scored.\n"
+               "Prints PPL = exp(mean NLL) +- its uncertainty; a progress line per chunk goes to stderr.\n\n"
+               "  -m, --model DIR             MLX checkpoint folder with tokenizer.json\n"
+               "  -f, --file FILE             UTF-8 text to score\n"
+               "  -c, --ctx N                 tokens per chunk (default 512)\n"
+               "      --chunks N              score at most the first N chunks\n"
+               "      --batch N               tokens per forward call (default: the whole chunk); 1 runs every\n"
+               "                              token through the single-token decode path (fused MoE kernel)\n"
+               "  -t, --threads N             worker threads\n"
+               "      --json                  print the result as one JSON object on stdout\n"
+               "      --kl-divergence-base F  without --kl-divergence: save this run's distributions to F\n"
+               "      --top-k K               with a base file to write: store each position's K most likely\n"
+               "                              tokens and the rest's mass (default 0 = the full distribution)\n"
+               "      --kl-divergence         compare this run with base file F: KL divergence, same top\n"
+               "                              token, PPL of both, RMS of the change in the correct token's\n"
+               "                              probability.  --ctx and --chunks default to the base file's\n\n"
+               "See docs/quality.md for the definitions, the base file's format and how to compare builds.\n");
 }
 
 typedef struct ppl_args {
@@ -54,7 +55,7 @@ static int parse(int argc, char **argv, ppl_args *a)
         const char *o = argv[i], *v;
         long n;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            help();
+            help(stdout);
             return 1;
         } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
             if (!(a->model = arg_value(argc, argv, &i)))
@@ -90,7 +91,7 @@ static int parse(int argc, char **argv, ppl_args *a)
         } else if (!strcmp(o, "--kl-divergence")) {
             a->kl = 1;
         } else {
-            fprintf(stderr, "mlxcel perplexity: unknown option '%s' (see --help)\n", o);
+            arg_unknown("perplexity", o, help);
             return -1;
         }
     }
