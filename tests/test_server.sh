@@ -58,7 +58,7 @@ start_server() {
   exit 1
 }
 
-start_server "$T/server.log" --ctx-size 1024 --parallel 4 --queue 16
+start_server "$T/server.log" --ctx-size 1024 --parallel 4 --queue 16 --cors-origin '*' --metrics
 URL=http://127.0.0.1:$PORT
 echo "server on port $PORT"
 
@@ -89,7 +89,7 @@ check "greedy chat text equals generate's" cmp -s "$T/expect" "$T/got"
 check "usage.prompt_tokens == $NPROMPT" [ "$(jq .usage.prompt_tokens "$T/body")" = "$NPROMPT" ]
 finish=$(jq -r '.choices[0].finish_reason' "$T/body")
 ngen=$(jq .usage.completion_tokens "$T/body")
-check "finish_reason length with $N tokens (got $finish, $ngen)" [ "$finish" = length ] && [ "$ngen" = $N ]
+check "finish_reason length with $N tokens (got $finish, $ngen)" [ "$finish $ngen" = "length $N" ]
 check "total_tokens" [ "$(jq .usage.total_tokens "$T/body")" = $((NPROMPT + ngen)) ]
 check "object and id" [ "$(jq -r '.object + " " + (.id | startswith("chatcmpl-") | tostring)' "$T/body")" = "chat.completion true" ]
 
@@ -152,11 +152,55 @@ done
 
 # --- tokenize / detokenize / models / health ---
 st=$(post /tokenize '{"content": "Hello world"}')
-check "tokenize" [ "$st" = 200 ] && jq -e '.tokens | length > 0 and all(type == "number")' "$T/body" >/dev/null
+check "tokenize status" [ "$st" = 200 ]
+check "tokenize ids" jq -e '.tokens | length > 0 and all(type == "number")' "$T/body"
 toks=$(jq -c .tokens "$T/body")
 st=$(post /detokenize "{\"tokens\": $toks}")
 check "detokenize round trip" [ "$(jq -r .content "$T/body")" = "Hello world" ]
 check "models" [ "$(curl -s "$URL/v1/models" | jq -r '.data[0].id')" = qwen2_moe_tiny_chat ]
+
+# --- HTTP details: CORS, HEAD, /v1/models/{id}, deep JSON, chunked 413 ---
+curl -s -D "$T/hdr" -o "$T/body" -X OPTIONS -H 'Origin: http://example.test' \
+  -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization, content-type' \
+  "$URL/v1/chat/completions"
+check "preflight 204" grep -q '^HTTP/1.1 204' "$T/hdr"
+check "preflight allow-origin" grep -qi '^Access-Control-Allow-Origin: \*' "$T/hdr"
+check "preflight allow-methods" grep -qi '^Access-Control-Allow-Methods: .*POST' "$T/hdr"
+check "preflight allow-headers" grep -qi '^Access-Control-Allow-Headers: .*authorization' "$T/hdr"
+curl -s -D "$T/hdr" -o /dev/null "$URL/v1/models"
+check "CORS header on a GET" grep -qi '^Access-Control-Allow-Origin: \*' "$T/hdr"
+check "HEAD /health" [ "$(curl -s -I -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]
+check "HEAD /v1/models" [ "$(curl -s -I -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 200 ]
+check "GET /v1/models/{id}" [ "$(curl -s "$URL/v1/models/qwen2_moe_tiny_chat" | jq -r '.id + " " + .object')" = "qwen2_moe_tiny_chat model" ]
+check "GET /v1/models/unknown 404" [ "$(curl -s -o "$T/body" -w '%{http_code}' "$URL/v1/models/gpt-9")" = 404 ]
+check "model_not_found code" [ "$(jq -r .error.code "$T/body")" = model_not_found ]
+deep=$(printf '[%.0s' $(seq 1 100))$(printf ']%.0s' $(seq 1 100))
+st=$(curl -s -o "$T/body" -w '%{http_code}' --data-binary "$deep" "$URL/v1/chat/completions")
+check "deep JSON -> 400 (got $st)" [ "$st" = 400 ]
+check "deep JSON: too deeply nested" grep -q 'too deeply nested' "$T/body"
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$T/huge"
+st=$(curl -s -o "$T/body" -w '%{http_code}' -H 'Transfer-Encoding: chunked' --data-binary @"$T/huge" "$URL/v1/completions")
+check "chunked oversized body -> 413 (got $st)" [ "$st" = 413 ]
+check "chunked 413 code" [ "$(jq -r .error.code "$T/body")" = body_too_large ]
+
+# --- llama-server extras: /props, /slots, /apply-template, /metrics ---
+curl -s "$URL/props" >"$T/props"
+check "props" jq -e '.model == "qwen2_moe_tiny_chat" and .n_ctx == 1024 and .total_slots == 4 and
+  (.chat_template | contains("im_start")) and (.default_generation_settings.params.n_predict | type == "number")' "$T/props"
+curl -s "$URL/slots" >"$T/slots"
+check "slots" jq -e 'length == 4 and all(.state == "idle" and (.n_cached | type == "number"))' "$T/slots"
+st=$(post /apply-template "$(jq -cn --arg m "$MSG" '{messages: [{role: "user", content: $m}]}')")
+check "apply-template status $st" [ "$st" = 200 ]
+jq -r .prompt "$T/body" >"$T/rendered"
+check "apply-template prompt is ChatML" grep -q '^<|im_start|>assistant$' "$T/rendered"
+st=$(post /tokenize "$(jq -cn --rawfile p "$T/rendered" '{content: ($p | rtrimstr("\n") + "\n")}')")
+check "apply-template prompt tokenizes to the chat request's $NPROMPT tokens" [ "$(jq '.tokens | length' "$T/body")" = "$NPROMPT" ]
+curl -s -D "$T/hdr" "$URL/metrics" >"$T/metrics"
+check "metrics content type" grep -qi '^Content-Type: text/plain; version=0.0.4' "$T/hdr"
+# every line a comment or "name{labels} value" (the Prometheus text format)
+check "metrics lines parse" awk '/^#/ {next} !/^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? -?[0-9.e+-]+$/ {bad=1} END {exit bad}' "$T/metrics"
+check "metrics count requests" awk '$1 == "mlxcel_requests_total" && $2 >= 3 {f=1} END {exit !f}' "$T/metrics"
+check "metrics count tokens" awk '$1 == "mlxcel_tokens_predicted_total" && $2 >= 24 {f=1} END {exit !f}' "$T/metrics"
 
 # --- errors: OpenAI-style JSON, 4xx, never a crash ---
 expect_err() {  # status path body [method]
@@ -218,15 +262,34 @@ wait "$SPID"
 check "exit status 0 after SIGTERM" [ $? = 0 ]
 check "log line per request" grep -q '^serve: POST /v1/chat/completions 200 in=' "$T/server.log"
 
-# --- --api-key ---
-start_server "$T/server2.log" --ctx-size 256 --parallel 1 --api-key s3cret
+# --- --api-key, a full queue (503 + Retry-After), shutdown mid-stream ---
+start_server "$T/server2.log" --ctx-size 4096 --parallel 1 --queue 0 --api-key s3cret
 URL=http://127.0.0.1:$PORT
 check "health without a key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]
 check "401 without a key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 401 ]
 check "401 with a wrong key" [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer nope' "$URL/v1/models")" = 401 ]
 check "200 with the key" [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' "$URL/v1/models")" = 200 ]
+check "no CORS header without --cors-origin" bash -c "! curl -s -D - -o /dev/null -H 'Authorization: Bearer s3cret' '$URL/v1/models' | grep -qi '^Access-Control'"
+check "metrics off -> 404" [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' "$URL/metrics")" = 404 ]
+# one long stream holds the only slot; with no queue the next request is refused
+curl -sN -H 'Authorization: Bearer s3cret' \
+  -d "$(chat_req "$MSG" 4000 '{stream: true, ignore_eos: true}')" "$URL/v1/chat/completions" >"$T/long" &
+LPID=$!
+for _ in $(seq 1 100); do [ -s "$T/long" ] && break; sleep 0.1; done
+st=$(curl -s -D "$T/hdr" -o "$T/body" -w '%{http_code}' -H 'Authorization: Bearer s3cret' \
+  -d "$(chat_req "$MSG" 4)" "$URL/v1/chat/completions")
+check "busy -> 503 (got $st)" [ "$st" = 503 ]
+check "busy code" [ "$(jq -r .error.code "$T/body")" = server_busy ]
+check "503 has Retry-After" grep -qi '^Retry-After: [0-9]' "$T/hdr"
+# SIGTERM while it streams: the stream says it was cut by the shutdown
 kill -TERM "$SPID"
+wait "$LPID"
 wait "$SPID"
+check "exit 0 after SIGTERM mid-stream" [ $? = 0 ]
+check "cut stream ends with [DONE]" [ "$(grep -v '^$' "$T/long" | tail -1)" = "data: [DONE]" ]
+check "cut stream has a server_shutdown error event" [ "$(sed -n 's/^data: {/{/p' "$T/long" | jq -rs '[.[] | .error.code? | select(.)] | join(",")')" = server_shutdown ]
+check "cut stream has no finish_reason" [ "$(sed -n 's/^data: {/{/p' "$T/long" | jq -rs '[.[] | .choices[]? | .finish_reason | select(.)] | length')" = 0 ]
+check "shutdown in the log" grep -q '\[shutdown\]$' "$T/server2.log"
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

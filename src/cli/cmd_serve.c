@@ -17,7 +17,8 @@ static void help(FILE *f)
 {
     fprintf(f, "usage: mlxcel serve -m DIR [options]\n\n"
            "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
-           "GET /v1/models, GET /health, POST /tokenize, POST /detokenize (docs/server.md).\n"
+           "GET /v1/models, GET /health, POST /tokenize, POST /detokenize, POST /apply-template,\n"
+           "GET /props, GET /slots, GET /metrics (docs/server.md).\n"
            "Requests are decoded together (continuous batching); logs go to stderr.\n\n"
            "server:\n"
            "      --host ADDR         address to listen on (default 127.0.0.1; 0.0.0.0 exposes it)\n"
@@ -33,6 +34,9 @@ static void help(FILE *f)
            "      --prefill-chunk N   prompt tokens prefilled per scheduler turn (default 256)\n"
            "      --batch MODE        decode steps of several requests: auto (time both, use the\n"
            "                          faster), on (always one batched forward), off (one per request)\n"
+           "      --cors-origin ORIGIN  allow browsers from ORIGIN ('*' for any) to call the API\n"
+           "                          (CORS headers and preflight; default: off)\n"
+           "      --metrics           serve GET /metrics (Prometheus text format)\n"
            "      --quiet             no per-request log lines\n"
            "model and sampling defaults (a request's fields override them):\n");
     cli_common_help(f);
@@ -94,6 +98,11 @@ static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
                 fprintf(stderr, "mlxcel serve: --batch takes auto, on or off\n");
                 return 2;
             }
+        } else if (!strcmp(a, "--cors-origin")) {
+            VAL();
+            so->cors_origin = *v ? v : NULL;
+        } else if (!strcmp(a, "--metrics")) {
+            so->metrics = 1;
         } else if (!strcmp(a, "--quiet")) {
             so->quiet = 1;
         } else {

@@ -56,11 +56,42 @@ static void reply_json(srv_reply *rep, cJSON *root)
         srv_error(rep, 500, NULL, "out of memory");
 }
 
+/* Deepest nesting of arrays and objects in a JSON text (brackets inside
+ * strings do not count).  cJSON would stop at 1000 levels with a generic
+ * error; no request needs more than a few dozen. */
+static int json_depth(const char *s, size_t n)
+{
+    int depth = 0, max = 0, in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (in_str) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_str = 0;
+        } else if (ch == '"') {
+            in_str = 1;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > max)
+                max = depth;
+        } else if (ch == ']' || ch == '}') {
+            depth--;
+        }
+    }
+    return max;
+}
+
 /* The body as a JSON object, or NULL with a 400. */
 static cJSON *parse_object(const char *body, size_t len, srv_reply *rep)
 {
     if (!body || !len) {
         srv_error(rep, 400, "invalid_json", "the request body is empty (expected a JSON object)");
+        return NULL;
+    }
+    if (json_depth(body, len) > SRV_MAX_JSON_DEPTH) {
+        srv_error(rep, 400, "invalid_json",
+                  "the request body is too deeply nested (more than %d levels of arrays and objects)",
+                  SRV_MAX_JSON_DEPTH);
         return NULL;
     }
     const char *end = NULL;
@@ -249,15 +280,14 @@ static int parse_common(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply 
 }
 
 /* Message content: a string, null, or a list of {"type": "text", "text"}
- * parts (joined).  *owned is set when the result was allocated. */
-static const char *message_content(const cJSON *msg, size_t idx, char **owned, srv_reply *rep)
+ * parts (joined).  Returns a new cJSON string, or NULL with rep set. */
+static cJSON *message_content(const cJSON *msg, size_t idx, srv_reply *rep)
 {
-    *owned = NULL;
     const cJSON *c = field(msg, "content");
     if (!c)
-        return "";
+        return cJSON_CreateString("");
     if (cJSON_IsString(c))
-        return c->valuestring;
+        return cJSON_CreateString(c->valuestring);
     if (!cJSON_IsArray(c)) {
         srv_error(rep, 400, "invalid_type", "messages[%zu].content must be a string or a list of parts",
                   idx);
@@ -292,29 +322,27 @@ static const char *message_content(const cJSON *msg, size_t idx, char **owned, s
         n += k;
     }
     s[n] = 0;
-    *owned = s;
-    return s;
+    cJSON *v = cJSON_CreateString(s);
+    free(s);
+    return v;
 }
 
-static int encode_chat(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
+/* The request's messages as the template sees them: every message an
+ * object with a string role; content normalised to a string (null and
+ * absent become "", text parts are joined); other fields (tool_calls,
+ * tool_call_id, name, ...) passed through.  NULL with rep set on error. */
+static cJSON *template_messages(const cJSON *o, srv_reply *rep)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!msgs) {
         srv_error(rep, 400, "missing_field", "'messages' is required");
-        return -1;
+        return NULL;
     }
-    int n = cJSON_GetArraySize(msgs);
-    if (!cJSON_IsArray(msgs) || n == 0) {
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
         srv_error(rep, 400, "invalid_type", "'messages' must be a non-empty list of messages");
-        return -1;
+        return NULL;
     }
-    mx_chat_msg *m = calloc((size_t)n, sizeof *m);
-    char **owned = calloc((size_t)n, sizeof *owned);
-    int rc = -1;
-    if (!m || !owned) {
-        srv_error(rep, 500, NULL, "out of memory");
-        goto done;
-    }
+    cJSON *out = cJSON_CreateArray();
     size_t i = 0;
     const cJSON *msg;
     cJSON_ArrayForEach(msg, msgs)
@@ -322,26 +350,82 @@ static int encode_chat(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
         if (!cJSON_IsObject(msg) || !cJSON_IsString(role) || !*role->valuestring) {
             srv_error(rep, 400, "invalid_value", "messages[%zu] must be an object with a string 'role'", i);
-            goto done;
+            cJSON_Delete(out);
+            return NULL;
         }
-        m[i].role = role->valuestring;
-        if (!(m[i].content = message_content(msg, i, &owned[i], rep)))
-            goto done;
+        cJSON *content = message_content(msg, i, rep);
+        cJSON *m = content ? cJSON_Duplicate(msg, 1) : NULL;
+        if (!m) {
+            if (content)
+                srv_error(rep, 500, NULL, "out of memory");
+            cJSON_Delete(content);
+            cJSON_Delete(out);
+            return NULL;
+        }
+        cJSON_DeleteItemFromObjectCaseSensitive(m, "content");
+        cJSON_AddItemToObject(m, "content", content);
+        cJSON_AddItemToArray(out, m);
         i++;
     }
-    mx_err e = {0};
-    if (mx_engine_encode_chat(c->g, m, (size_t)n, &r->prompt, &r->n_prompt, NULL, &e)) {
-        srv_error(rep, 400, "invalid_prompt", "chat template: %s", e.msg);
-        goto done;
+    return out;
+}
+
+/* Renders a chat request (messages, tools, chat_template_kwargs) with the
+ * checkpoint's template and the generation prompt: the one path of chat
+ * completions and /apply-template.  *text is malloc'ed. */
+static int render_chat(const srv_ctx *c, const cJSON *o, char **text, srv_reply *rep)
+{
+    *text = NULL;
+    if (!c->g->tmpl) {
+        srv_error(rep, 400, "no_tokenizer", "this checkpoint has no tokenizer.json");
+        return -1;
     }
-    rc = 0;
-done:
-    if (owned)
-        for (int k = 0; k < n; k++)
-            free(owned[k]);
-    free(owned);
-    free(m);
-    return rc;
+    const cJSON *kw = field(o, "chat_template_kwargs");
+    if (kw && !cJSON_IsObject(kw)) {
+        srv_error(rep, 400, "invalid_type", "'chat_template_kwargs' must be an object");
+        return -1;
+    }
+    cJSON *msgs = template_messages(o, rep);
+    if (!msgs)
+        return -1;
+    mx_err e = {0};
+    int rc = mx_chat_render_json(c->g->tmpl, msgs, NULL, kw, 1, text, &e);
+    cJSON_Delete(msgs);
+    if (rc) {
+        srv_error(rep, 400, "invalid_prompt", "chat template: %s", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int encode_chat(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    char *text = NULL;
+    if (render_chat(c, o, &text, rep))
+        return -1;
+    mx_err e = {0};
+    int rc = mx_engine_encode(c->g, text, &r->prompt, &r->n_prompt, &e);
+    free(text);
+    if (rc) {
+        srv_error(rep, 400, "invalid_prompt", "chat template output: %s", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+void srv_apply_template(const srv_ctx *c, const char *body, size_t len, srv_reply *rep)
+{
+    cJSON *o = parse_object(body, len, rep);
+    if (!o)
+        return;
+    char *text = NULL;
+    if (!render_chat(c, o, &text, rep)) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "prompt", text);
+        reply_json(rep, r);
+    }
+    free(text);
+    cJSON_Delete(o);
 }
 
 /* A list of token ids into r->prompt. */
@@ -554,14 +638,28 @@ char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen)
     return sse(o);
 }
 
-char *srv_error_sse(const char *msg)
+char *srv_error_sse(const char *msg, const char *code)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *err = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(err, "message", msg);
     cJSON_AddStringToObject(err, "type", "server_error");
-    cJSON_AddNullToObject(err, "code");
+    if (code)
+        cJSON_AddStringToObject(err, "code", code);
+    else
+        cJSON_AddNullToObject(err, "code");
     return sse(o);
+}
+
+static cJSON *model_object(const srv_ctx *c)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", c->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "mlxcel");
+    cJSON_AddNumberToObject(m, "context_length", c->o->n_ctx);
+    return m;
 }
 
 void srv_models(const srv_ctx *c, srv_reply *rep)
@@ -569,13 +667,74 @@ void srv_models(const srv_ctx *c, srv_reply *rep)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data");
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(data, m);
-    cJSON_AddStringToObject(m, "id", c->model_id);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
-    cJSON_AddStringToObject(m, "owned_by", "mlxcel");
-    cJSON_AddNumberToObject(m, "context_length", c->o->n_ctx);
+    cJSON_AddItemToArray(data, model_object(c));
+    reply_json(rep, o);
+}
+
+void srv_model_get(const srv_ctx *c, const char *id, srv_reply *rep)
+{
+    if (strcmp(id, c->model_id) != 0) {
+        srv_error(rep, 404, "model_not_found", "the model '%.200s' does not exist (this server has '%s')",
+                  id, c->model_id);
+        return;
+    }
+    reply_json(rep, model_object(c));
+}
+
+void srv_slots_json(const srv_ctx *c, const srv_slot_info *info, int n, srv_reply *rep)
+{
+    static const char *names[] = {"idle", "prefill", "decode"};
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(a, o);
+        cJSON_AddNumberToObject(o, "id", i);
+        cJSON_AddNumberToObject(o, "n_ctx", c->o->n_ctx);
+        int st = info[i].state >= 0 && info[i].state <= 2 ? info[i].state : 0;
+        cJSON_AddStringToObject(o, "state", names[st]);
+        cJSON_AddBoolToObject(o, "is_processing", st != SLOT_FREE);
+        cJSON_AddNumberToObject(o, "n_cached", info[i].n_cached);
+        if (st != SLOT_FREE) {
+            cJSON_AddStringToObject(o, "id_task", info[i].req_id);
+            cJSON_AddNumberToObject(o, "n_prompt_tokens", info[i].n_prompt);
+            cJSON_AddNumberToObject(o, "n_decoded", info[i].n_gen);
+        }
+    }
+    reply_json(rep, a);
+}
+
+void srv_props(const srv_ctx *c, srv_reply *rep)
+{
+    const mx_server_opts *so = c->o;
+    const mx_sample_params *sp = &so->sample;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", c->model_id);
+    cJSON_AddStringToObject(o, "model_path", c->g->model->dir ? c->g->model->dir : "");
+    cJSON_AddStringToObject(o, "model_type", c->g->model->cfg.model_type);
+    cJSON_AddNumberToObject(o, "n_ctx", so->n_ctx);
+    cJSON_AddNumberToObject(o, "n_ctx_train", c->g->model->cfg.max_position_embeddings);
+    cJSON_AddNumberToObject(o, "n_vocab", c->g->model->vocab);
+    cJSON_AddNumberToObject(o, "total_slots", so->parallel);
+    const char *t = mx_chat_template_text(c->g->tmpl);
+    cJSON_AddStringToObject(o, "chat_template", t ? t : "");
+    cJSON_AddBoolToObject(o, "chat_template_is_fallback", mx_chat_template_is_fallback(c->g->tmpl));
+    const char *bos = mx_chat_template_bos(c->g->tmpl), *eos = mx_chat_template_eos(c->g->tmpl);
+    cJSON_AddStringToObject(o, "bos_token", bos ? bos : "");
+    cJSON_AddStringToObject(o, "eos_token", eos ? eos : "");
+    cJSON_AddStringToObject(o, "build_info", SRV_BUILD_INFO);
+    cJSON *d = cJSON_AddObjectToObject(o, "default_generation_settings");
+    cJSON_AddNumberToObject(d, "n_ctx", so->n_ctx);
+    cJSON *p = cJSON_AddObjectToObject(d, "params");
+    cJSON_AddNumberToObject(p, "n_predict", so->n_predict);
+    cJSON_AddNumberToObject(p, "temperature", sp->temperature);
+    cJSON_AddNumberToObject(p, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(p, "top_p", sp->top_p);
+    cJSON_AddNumberToObject(p, "min_p", sp->min_p);
+    cJSON_AddNumberToObject(p, "repeat_penalty", sp->repeat_penalty);
+    cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n);
+    cJSON *mod = cJSON_AddObjectToObject(o, "modalities");
+    cJSON_AddBoolToObject(mod, "vision", 0);
+    cJSON_AddBoolToObject(mod, "audio", 0);
     reply_json(rep, o);
 }
 

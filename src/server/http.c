@@ -21,6 +21,10 @@
 
 #include "server/srv_int.h"
 
+/* Routes (see route()). */
+enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
+       R_APPLY_TEMPLATE, R_PROPS, R_SLOTS, R_METRICS, R_COUNT };
+
 struct mx_server {
     mx_engine *g;
     mx_server_opts o;
@@ -28,6 +32,10 @@ struct mx_server {
     srv_sched sc;
     struct MHD_Daemon *d;
     int port;
+    double t_start;
+    unsigned long requests[R_COUNT];   /* answered, by route (atomic adds) */
+    unsigned long status[6];           /* answered, by status class 1xx..5xx; [0] dropped */
+    int n_gen_conns;                   /* connections with a generation not yet answered */
 };
 
 /* Per-request state, from the first call of the access handler to the
@@ -39,7 +47,10 @@ typedef struct conn_state {
     char *body;
     size_t len, cap;
     double t0;
+    int route;
     int status;                  /* 0: dropped without a response */
+    int too_large;               /* a chunked body passed --max-body: read, dropped, then 413 */
+    size_t discarded;
     srv_req *req;                /* a generation (one reference) */
 } conn_state;
 
@@ -71,6 +82,16 @@ void mx_server_opts_defaults(mx_server_opts *o)
 
 /* ---- responses ---- */
 
+/* Headers every response gets: CORS when --cors-origin is set. */
+static void common_headers(const mx_server *s, struct MHD_Response *resp)
+{
+    if (s->o.cors_origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", s->o.cors_origin);
+        if (strcmp(s->o.cors_origin, "*") != 0)
+            MHD_add_response_header(resp, "Vary", "Origin");
+    }
+}
+
 static enum MHD_Result send_body(conn_state *cs, struct MHD_Connection *conn, int status,
                                  char *body, const char *ctype)
 {
@@ -82,8 +103,11 @@ static enum MHD_Result send_body(conn_state *cs, struct MHD_Connection *conn, in
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    common_headers(cs->srv, resp);
     if (status == 401)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 503)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ok = MHD_queue_response(conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (ok == MHD_YES)
@@ -176,7 +200,8 @@ static int next_event(stream_state *ss)
         }
     }
     /* done: the results are final, no lock needed */
-    char *a = r->err_status ? srv_error_sse(r->err) : srv_chunk_sse(c, r, NULL, 0, r->finish, 0);
+    char *a = r->err_status ? srv_error_sse(r->err, r->err_code)
+                            : srv_chunk_sse(c, r, NULL, 0, r->finish, 0);
     char *u = !r->err_status && r->include_usage ? srv_usage_sse(c, r, r->n_gen) : NULL;
     static const char done[] = "data: [DONE]\n\n";
     size_t na = a ? strlen(a) : 0, nu = u ? strlen(u) : 0;
@@ -242,6 +267,7 @@ static enum MHD_Result start_stream(conn_state *cs, struct MHD_Connection *conn,
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    common_headers(s, resp);
     enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     if (ok == MHD_YES)
@@ -296,6 +322,7 @@ static enum MHD_Result generate(conn_state *cs, struct MHD_Connection *conn, int
         return send_reply(cs, conn, &rep);
     r->t_submit = mx_now();
     cs->req = r;
+    __atomic_add_fetch(&s->n_gen_conns, 1, __ATOMIC_RELAXED);
     if (srv_sched_submit(&s->sc, r))
         return send_error(cs, conn, 503, "server_busy",
                           "the server is busy (all slots and the waiting queue are full); retry later");
@@ -304,7 +331,7 @@ static enum MHD_Result generate(conn_state *cs, struct MHD_Connection *conn, int
     if (wait_done(s, conn, r))
         return MHD_NO;
     if (r->err_status) {
-        srv_error(&rep, r->err_status, NULL, "generation failed: %s", r->err);
+        srv_error(&rep, r->err_status, r->err_code, "generation failed: %s", r->err);
         return send_reply(cs, conn, &rep);
     }
     srv_completion_json(&s->ctx, r, &rep);
@@ -313,8 +340,16 @@ static enum MHD_Result generate(conn_state *cs, struct MHD_Connection *conn, int
 
 /* ---- routing ---- */
 
-enum { R_NONE, R_HEALTH, R_MODELS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE };
+/* The {id} of /v1/models/{id} (or /models/{id}), or NULL. */
+static const char *model_id_of(const char *url)
+{
+    const char *p = !strncmp(url, "/v1/models/", 11) ? url + 11
+                    : !strncmp(url, "/models/", 8)   ? url + 8
+                                                     : NULL;
+    return p && *p ? p : NULL;
+}
 
+/* The route of a path; *post: whether it takes POST (else GET/HEAD). */
 static int route(const char *url, int *post)
 {
     static const struct {
@@ -326,12 +361,19 @@ static int route(const char *url, int *post)
         {"/v1/chat/completions", R_CHAT, 1}, {"/chat/completions", R_CHAT, 1},
         {"/v1/completions", R_COMPLETIONS, 1}, {"/completions", R_COMPLETIONS, 1},
         {"/tokenize", R_TOKENIZE, 1},       {"/detokenize", R_DETOKENIZE, 1},
+        {"/apply-template", R_APPLY_TEMPLATE, 1},
+        {"/props", R_PROPS, 0},             {"/slots", R_SLOTS, 0},
+        {"/metrics", R_METRICS, 0},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(url, routes[i].path)) {
             *post = routes[i].post;
             return routes[i].id;
         }
+    if (model_id_of(url)) {
+        *post = 0;
+        return R_MODEL;
+    }
     return R_NONE;
 }
 
@@ -353,17 +395,56 @@ static int authorized(const mx_server *s, struct MHD_Connection *conn)
     return diff == 0;
 }
 
+/* A CORS preflight (OPTIONS): 204 with what browsers may send.  No API
+ * key is asked for: browsers never send credentials on a preflight. */
+static enum MHD_Result preflight(conn_state *cs, struct MHD_Connection *conn, int post)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    const char *methods = post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, methods);
+    common_headers(cs->srv, resp);
+    if (cs->srv->o.cors_origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", methods);
+        const char *req_h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                        "Access-Control-Request-Headers");
+        /* echo what the browser asks for (the SDKs send their own x-stainless-*
+         * headers), else the usual ones */
+        char hdrs[512];
+        snprintf(hdrs, sizeof hdrs, "%s", req_h && strlen(req_h) < sizeof hdrs ? req_h
+                                           : "Authorization, Content-Type");
+        for (char *p = hdrs; *p; p++)
+            if ((unsigned char)*p < 32 || *p == 127)
+                *p = ' ';
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", hdrs);
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "86400");
+    }
+    enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_NO_CONTENT, resp);
+    MHD_destroy_response(resp);
+    if (ok == MHD_YES)
+        cs->status = 204;
+    return ok;
+}
+
 /* Checks made as soon as the headers are in, before reading any body. */
 static enum MHD_Result first_call(conn_state *cs, struct MHD_Connection *conn, const char *url,
                                   const char *method)
 {
     mx_server *s = cs->srv;
     int post = 0, r = route(url, &post);
+    cs->route = r;
     if (r == R_NONE)
         return send_error(cs, conn, 404, "not_found", "unknown endpoint");
-    if (strcmp(method, post ? "POST" : "GET") != 0)
+    if (!strcmp(method, "OPTIONS"))
+        return preflight(cs, conn, post);
+    int get_like = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (post ? strcmp(method, "POST") != 0 : !get_like)
         return send_error(cs, conn, 405, "method_not_allowed",
-                          post ? "this endpoint takes POST" : "this endpoint takes GET");
+                          post ? "this endpoint takes POST" : "this endpoint takes GET (or HEAD)");
+    if (r == R_METRICS && !s->o.metrics)
+        return send_error(cs, conn, 404, "not_found",
+                          "metrics are off: start the server with --metrics");
     if (r != R_HEALTH && !authorized(s, conn))
         return send_error(cs, conn, 401, "invalid_api_key",
                           "missing or wrong API key (Authorization: Bearer KEY)");
@@ -376,6 +457,77 @@ static enum MHD_Result first_call(conn_state *cs, struct MHD_Connection *conn, c
             return send_error(cs, conn, 413, "body_too_large", "the request body is too large");
     }
     return MHD_YES;
+}
+
+/* GET /slots: what each slot is doing and how much of its cache is used. */
+static enum MHD_Result send_slots(conn_state *cs, struct MHD_Connection *conn)
+{
+    mx_server *s = cs->srv;
+    srv_slot_info *info = calloc((size_t)s->sc.n_slots, sizeof *info);
+    if (!info)
+        return send_error(cs, conn, 500, NULL, "out of memory");
+    int busy, queued;
+    srv_sched_snapshot(&s->sc, info, NULL, &busy, &queued);
+    srv_reply rep = {0};
+    srv_slots_json(&s->ctx, info, s->sc.n_slots, &rep);
+    free(info);
+    return send_reply(cs, conn, &rep);
+}
+
+/* GET /metrics: Prometheus text exposition format (version 0.0.4). */
+static enum MHD_Result send_metrics(conn_state *cs, struct MHD_Connection *conn)
+{
+    mx_server *s = cs->srv;
+    int n = s->sc.n_slots, busy, queued;
+    srv_slot_info *info = calloc((size_t)n, sizeof *info);
+    if (!info)
+        return send_error(cs, conn, 500, NULL, "out of memory");
+    srv_totals t;
+    srv_sched_snapshot(&s->sc, info, &t, &busy, &queued);
+    long kv = 0;
+    for (int i = 0; i < n; i++)
+        kv += info[i].n_cached;
+    free(info);
+    size_t cap = 8192, len = 0;
+    char *b = malloc(cap);
+    if (!b)
+        return send_error(cs, conn, 500, NULL, "out of memory");
+#define M(type, name, help, fmt, ...)                                                          \
+    len += (size_t)snprintf(b + len, len < cap ? cap - len : 0,                                \
+                            "# HELP mlxcel_" name " " help "\n# TYPE mlxcel_" name " " type "\n" \
+                            "mlxcel_" name fmt "\n", __VA_ARGS__)
+    M("counter", "requests_total", "Generation requests finished.", " %llu", t.requests);
+    M("counter", "prompt_tokens_total", "Prompt tokens prefilled (cache hits excluded).", " %llu",
+      t.prompt_tokens);
+    M("counter", "prompt_tokens_cached_total", "Prompt tokens found in a slot's KV cache.", " %llu",
+      t.cached_tokens);
+    M("counter", "tokens_predicted_total", "Tokens generated.", " %llu", t.gen_tokens);
+    M("counter", "prompt_seconds_total", "Seconds spent prefilling, summed over requests.", " %.6f",
+      t.t_prefill);
+    M("counter", "tokens_predicted_seconds_total", "Seconds spent decoding, summed over requests.",
+      " %.6f", t.t_decode);
+    M("gauge", "prompt_tokens_seconds", "Average prefill throughput (tokens/s).", " %.3f",
+      t.t_prefill > 0 ? (double)t.prompt_tokens / t.t_prefill : 0.0);
+    M("gauge", "predicted_tokens_seconds", "Average decode throughput per request (tokens/s).",
+      " %.3f", t.t_decode > 0 ? (double)t.gen_tokens / t.t_decode : 0.0);
+    M("gauge", "requests_processing", "Requests holding a slot.", " %d", busy);
+    M("gauge", "requests_deferred", "Requests waiting for a slot.", " %d", queued);
+    M("gauge", "slots_total", "Slots (--parallel).", " %d", n);
+    M("gauge", "kv_cache_tokens", "Tokens held in the slots' KV caches.", " %ld", kv);
+    M("gauge", "kv_cache_usage_ratio", "Used fraction of the slots' KV caches.", " %.6f",
+      (double)kv / ((double)n * s->o.n_ctx));
+    M("counter", "http_requests_total", "HTTP requests answered, by status class.",
+      "{code=\"2xx\"} %lu\nmlxcel_http_requests_total{code=\"4xx\"} %lu\n"
+      "mlxcel_http_requests_total{code=\"5xx\"} %lu",
+      __atomic_load_n(&s->status[2], __ATOMIC_RELAXED), __atomic_load_n(&s->status[4], __ATOMIC_RELAXED),
+      __atomic_load_n(&s->status[5], __ATOMIC_RELAXED));
+    M("gauge", "uptime_seconds", "Seconds since the server started.", " %.3f", mx_now() - s->t_start);
+#undef M
+    if (len >= cap) {
+        free(b);
+        return send_error(cs, conn, 500, NULL, "metrics buffer too small");
+    }
+    return send_body(cs, conn, 200, b, "text/plain; version=0.0.4; charset=utf-8");
 }
 
 static enum MHD_Result full_request(conn_state *cs, struct MHD_Connection *conn, const char *url)
@@ -396,6 +548,19 @@ static enum MHD_Result full_request(conn_state *cs, struct MHD_Connection *conn,
     }
     case R_MODELS:
         srv_models(&s->ctx, &rep);
+        return send_reply(cs, conn, &rep);
+    case R_MODEL:
+        srv_model_get(&s->ctx, model_id_of(url), &rep);
+        return send_reply(cs, conn, &rep);
+    case R_PROPS:
+        srv_props(&s->ctx, &rep);
+        return send_reply(cs, conn, &rep);
+    case R_SLOTS:
+        return send_slots(cs, conn);
+    case R_METRICS:
+        return send_metrics(cs, conn);
+    case R_APPLY_TEMPLATE:
+        srv_apply_template(&s->ctx, cs->body, cs->len, &rep);
         return send_reply(cs, conn, &rep);
     case R_CHAT:
         return generate(cs, conn, SRV_CHAT);
@@ -442,10 +607,27 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;        /* an early error reply is queued; ignore the body */
         return MHD_YES;
     }
+    if (cs->too_large) {
+        /* an unannounced (chunked) body passed the limit: read the rest
+         * without keeping it, then answer 413; one that goes on and on is
+         * dropped */
+        cs->discarded += *upload_size;
+        if (!*upload_size)
+            return send_error(cs, conn, 413, "body_too_large", "the request body is too large");
+        *upload_size = 0;
+        return cs->discarded > SRV_MAX_DISCARD ? MHD_NO : MHD_YES;
+    }
     if (*upload_size) {
         size_t n = *upload_size;
-        if (n > s->o.max_body - cs->len)
-            return MHD_NO;       /* an unannounced body over the limit: drop the connection */
+        if (n > s->o.max_body - cs->len) {
+            cs->too_large = 1;
+            free(cs->body);
+            cs->body = NULL;
+            cs->len = cs->cap = 0;
+            cs->discarded = n;
+            *upload_size = 0;
+            return MHD_YES;
+        }
         if (cs->len + n + 1 > cs->cap) {
             size_t cap = cs->cap ? cs->cap : 4096;
             while (cap < cs->len + n + 1)
@@ -490,7 +672,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         /* a stream still running when the connection ends was cut short */
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && cs->status == 200 && r->stream)
             finish = "disconnected";
+        if (r->done && r->err_code && !strcmp(r->err_code, "server_shutdown"))
+            finish = "shutdown";
     }
+    __atomic_add_fetch(&s->status[cs->status >= 100 && cs->status < 600 ? cs->status / 100 : 0], 1,
+                       __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->requests[cs->route], 1, __ATOMIC_RELAXED);
     if (!s->o.quiet) {
         char st[8];
         snprintf(st, sizeof st, "%d", cs->status);
@@ -498,8 +685,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                 cs->status ? st : "-", n_in, n_cached, n_out, mx_now() - cs->t0, *finish ? " [" : "",
                 finish, *finish ? "]" : "");
     }
-    if (cs->req)
+    if (cs->req) {
         srv_req_release(&s->sc, cs->req);
+        __atomic_sub_fetch(&s->n_gen_conns, 1, __ATOMIC_RELAXED);
+    }
     free(cs->body);
     free(cs);
 }
@@ -549,6 +738,7 @@ int mx_server_start(mx_engine *g, const mx_server_opts *o, mx_server **out, mx_e
         return mx_fail(e, MX_ENOMEM, "out of memory");
     s->g = g;
     s->o = *o;
+    s->t_start = mx_now();
     char *id = strdup(o->model_id ? o->model_id : base_name(g->model->dir ? g->model->dir : "model"));
     if (!id) {
         free(s);
@@ -599,6 +789,13 @@ void mx_server_stop(mx_server *s)
     if (ls != MHD_INVALID_SOCKET)
         close(ls);
     srv_sched_stop(&s->sc);
+    /* every generation has ended; give their connections a moment to send
+     * the end (a stream's error event and [DONE], a waiter's 503) before
+     * the sockets are closed */
+    for (int i = 0; i < 300 && __atomic_load_n(&s->n_gen_conns, __ATOMIC_RELAXED) > 0; i++) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     MHD_stop_daemon(s->d);
     srv_sched_free(&s->sc);
     free((char *)s->o.model_id);

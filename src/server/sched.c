@@ -63,6 +63,34 @@ void srv_sched_counts(srv_sched *sc, int *busy, int *queued)
     pthread_mutex_unlock(&sc->mu);
 }
 
+void srv_sched_snapshot(srv_sched *sc, srv_slot_info *info, srv_totals *tot, int *busy,
+                        int *queued)
+{
+    pthread_mutex_lock(&sc->mu);
+    if (info)
+        memcpy(info, sc->info, sizeof *info * (size_t)sc->n_slots);
+    if (tot)
+        *tot = sc->totals;
+    *busy = sc->n_busy;
+    *queued = sc->n_queued;
+    pthread_mutex_unlock(&sc->mu);
+}
+
+/* Copies the slots' state for /slots and /metrics; under mu, scheduler
+ * thread (the only writer of the slots). */
+static void publish(srv_sched *sc)
+{
+    for (int i = 0; i < sc->n_slots; i++) {
+        const srv_slot *sl = &sc->slots[i];
+        srv_slot_info *in = &sc->info[i];
+        in->state = sl->state;
+        in->n_cached = sl->sess ? sl->sess->seq->pos : 0;
+        in->n_prompt = sl->req ? sl->req->n_prompt : 0;
+        in->n_gen = sl->gr ? mx_gen_req_stats(sl->gr)->n_gen : 0;
+        snprintf(in->req_id, sizeof in->req_id, "%s", sl->req ? sl->req->id : "");
+    }
+}
+
 int srv_sched_submit(srv_sched *sc, srv_req *r)
 {
     pthread_mutex_lock(&sc->mu);
@@ -123,7 +151,8 @@ static int on_text(void *ud, int32_t id, const char *text, size_t len)
 
 /* Ends the slot's request: results under the lock, waiters woken, the slot
  * freed (its session and cache stay for the next request). */
-static void slot_finish(srv_sched *sc, srv_slot *sl, int status, const char *msg)
+static void slot_finish(srv_sched *sc, srv_slot *sl, int status, const char *code,
+                        const char *msg)
 {
     srv_req *r = sl->req;
     const mx_gen_stats *st = sl->gr ? mx_gen_req_stats(sl->gr) : NULL;
@@ -132,11 +161,18 @@ static void slot_finish(srv_sched *sc, srv_slot *sl, int status, const char *msg
         r->n_gen = st->n_gen;
         r->n_cached = st->n_cached;
         r->finish = st->finish;
+        sc->totals.requests++;
+        sc->totals.prompt_tokens += (unsigned long long)(st->n_prompt - st->n_cached);
+        sc->totals.cached_tokens += (unsigned long long)st->n_cached;
+        sc->totals.gen_tokens += (unsigned long long)st->n_gen;
+        sc->totals.t_prefill += st->t_prefill;
+        sc->totals.t_decode += st->t_decode > 0 ? st->t_decode : 0;
     }
     if (r->cancelled && !status)
         r->finish = "cancelled";
     if (status && !r->err_status) {
         r->err_status = status;
+        r->err_code = code;
         snprintf(r->err, sizeof r->err, "%s", msg);
     }
     r->done = 1;
@@ -155,6 +191,11 @@ static void req_end_unadmitted(srv_sched *sc, srv_req *r, const char *finish)
 {
     pthread_mutex_lock(&sc->mu);
     r->finish = finish;
+    if (sc->stopping && !r->cancelled) {
+        r->err_status = 503;
+        r->err_code = "server_shutdown";
+        snprintf(r->err, sizeof r->err, "the server is shutting down");
+    }
     r->done = 1;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&sc->mu);
@@ -195,12 +236,12 @@ static void admit(srv_sched *sc, srv_slot *sl, srv_req *r)
     sl->state = SLOT_PREFILL;
     sl->t_admit = mx_now();
     if (!sl->sess && mx_session_new(sc->g, sc->n_ctx, &sl->sess, &e)) {
-        slot_finish(sc, sl, 503, e.msg);
+        slot_finish(sc, sl, 503, "server_busy", e.msg);
         return;
     }
     if (mx_gen_req_new(sc->g, sl->sess, r->prompt, r->n_prompt, &r->gen, on_text, sl, &sl->gr,
                        &e)) {
-        slot_finish(sc, sl, e.code == MX_ENOMEM ? 500 : 400, e.msg);
+        slot_finish(sc, sl, e.code == MX_ENOMEM ? 500 : 400, NULL, e.msg);
         return;
     }
     /* keep the cached prefix, drop the rest */
@@ -215,9 +256,9 @@ static void slot_step(srv_sched *sc, srv_slot *sl)
     int32_t next = 0;
     int k = mx_gen_req_step(sl->gr, &next, &e);
     if (k < 0)
-        slot_finish(sc, sl, 500, e.msg);
+        slot_finish(sc, sl, 500, NULL, e.msg);
     else if (k > 0)
-        slot_finish(sc, sl, 0, NULL);
+        slot_finish(sc, sl, 0, NULL, NULL);
     else {
         sl->next = next;
         sl->state = SLOT_DECODE;
@@ -242,7 +283,7 @@ static void prefill_one(srv_sched *sc)
         mx_session *s = sl->sess;
         int pos = s->seq->pos;
         if (mx_forward(sc->g->model, s->seq, r->prompt + pos, sc->prefill_chunk, NULL, NULL, &e)) {
-            slot_finish(sc, sl, 500, e.msg);
+            slot_finish(sc, sl, 500, NULL, e.msg);
             return;
         }
         memcpy(s->ids + pos, r->prompt + pos, sizeof *s->ids * (size_t)sc->prefill_chunk);
@@ -250,7 +291,7 @@ static void prefill_one(srv_sched *sc)
         return;
     }
     if (mx_gen_req_prefill(sl->gr, &e)) {
-        slot_finish(sc, sl, 500, e.msg);
+        slot_finish(sc, sl, 500, NULL, e.msg);
         return;
     }
     slot_step(sc, sl);
@@ -315,7 +356,7 @@ static void decode_all(srv_sched *sc)
     for (int j = 0; j < n; j++) {
         srv_slot *sl = &sc->slots[sc->rows[j]];
         if (rc) {
-            slot_finish(sc, sl, 500, e.msg);
+            slot_finish(sc, sl, 500, NULL, e.msg);
             continue;
         }
         memcpy(mx_gen_req_logits(sl->gr), sc->logits + (size_t)j * V, sizeof(float) * (size_t)V);
@@ -335,7 +376,7 @@ static void reap_cancelled(srv_sched *sc)
         int c = sl->req->cancelled;
         pthread_mutex_unlock(&sc->mu);
         if (c)
-            slot_finish(sc, sl, 0, NULL);
+            slot_finish(sc, sl, 0, NULL, NULL);
     }
 }
 
@@ -371,6 +412,7 @@ static void *sched_main(void *arg)
         prefill_one(sc);
         decode_all(sc);
         pthread_mutex_lock(&sc->mu);
+        publish(sc);
     }
     /* stopping: end what is queued and what runs (streams get their end) */
     while (sc->qhead) {
@@ -383,9 +425,15 @@ static void *sched_main(void *arg)
     }
     sc->qtail = NULL;
     pthread_mutex_unlock(&sc->mu);
+    /* generations cut by the shutdown say so: an error (503
+     * server_shutdown), never a finish_reason that looks like max_tokens */
     for (int i = 0; i < sc->n_slots; i++)
         if (sc->slots[i].state != SLOT_FREE)
-            slot_finish(sc, &sc->slots[i], 0, NULL);
+            slot_finish(sc, &sc->slots[i], 503, "server_shutdown",
+                        "the server is shutting down: the generation was cut short");
+    pthread_mutex_lock(&sc->mu);
+    publish(sc);
+    pthread_mutex_unlock(&sc->mu);
     return NULL;
 }
 
@@ -407,7 +455,9 @@ int srv_sched_init(srv_sched *sc, mx_engine *g, int n_slots, int n_ctx, int max_
     sc->toks = calloc((size_t)n_slots, sizeof *sc->toks);
     sc->rows = calloc((size_t)n_slots, sizeof *sc->rows);
     sc->t_batch = calloc((size_t)n_slots + 1, sizeof *sc->t_batch);
-    if (!sc->slots || !sc->logits || !sc->seqs || !sc->toks || !sc->rows || !sc->t_batch) {
+    sc->info = calloc((size_t)n_slots, sizeof *sc->info);
+    if (!sc->slots || !sc->logits || !sc->seqs || !sc->toks || !sc->rows || !sc->t_batch ||
+        !sc->info) {
         srv_sched_free(sc);
         return mx_fail(e, MX_ENOMEM, "out of memory for %d server slots", n_slots);
     }
@@ -445,6 +495,8 @@ void srv_sched_free(srv_sched *sc)
     free(sc->toks);
     free(sc->rows);
     free(sc->t_batch);
+    free(sc->info);
+    sc->info = NULL;
     sc->t_batch = NULL;
     sc->slots = NULL;
     sc->logits = NULL;

@@ -1,7 +1,9 @@
 /* server.h - the OpenAI-compatible HTTP server behind `mlxcel serve`.
  *
- * Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
- * GET /health, POST /tokenize, POST /detokenize (see docs/server.md).
+ * Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models
+ * (and /v1/models/{id}), GET /health, POST /tokenize, POST /detokenize,
+ * POST /apply-template, GET /props, GET /slots, GET /metrics (see
+ * docs/server.md).
  *
  * Threads: libmicrohttpd runs one thread per connection; those threads parse
  * and validate requests, tokenize, then hand a request to the scheduler and
@@ -34,6 +36,8 @@ typedef struct mx_server_opts {
     int quiet;                  /* no per-request log lines */
     int batch;                  /* decode steps: 0 auto (timed), 1 one call per
                                    sequence, 2 always one mx_forward_batch */
+    const char *cors_origin;    /* Access-Control-Allow-Origin value; NULL: no CORS */
+    int metrics;                /* serve GET /metrics (Prometheus text) */
 } mx_server_opts;
 
 void mx_server_opts_defaults(mx_server_opts *o);

@@ -13,6 +13,17 @@
 
 #define SRV_MAX_STOPS 16
 #define SRV_MAX_STOP_LEN 512
+/* A chunked body over --max-body is read (and dropped) up to this many
+ * bytes so that the client gets a 413; past it the connection is closed. */
+#define SRV_MAX_DISCARD ((size_t)64 << 20)
+/* Deepest nesting of arrays/objects accepted in a request body. */
+#define SRV_MAX_JSON_DEPTH 64
+
+#ifdef MLXCEL_VERSION
+#define SRV_BUILD_INFO "mlxcel " MLXCEL_VERSION
+#else
+#define SRV_BUILD_INFO "mlxcel"
+#endif
 
 enum { SRV_CHAT, SRV_COMPLETION };
 
@@ -40,6 +51,7 @@ typedef struct srv_req {
     int n_gen, n_cached;
     const char *finish;          /* "stop", "length", "cancelled" */
     int err_status;              /* nonzero: the request failed with this HTTP status */
+    const char *err_code;        /* its OpenAI error code (NULL: none) */
     char err[256];
     pthread_cond_t cv;
     struct srv_req *next;        /* waiting queue link */
@@ -61,6 +73,24 @@ typedef struct srv_slot {
     int32_t next;                /* token to feed (SLOT_DECODE) */
     double t_admit;
 } srv_slot;
+
+/* What /slots shows of a slot: copied by the scheduler under its mutex at
+ * the end of every turn, so HTTP threads read a consistent snapshot. */
+typedef struct srv_slot_info {
+    int state;
+    int n_cached;                /* tokens in the slot's KV cache */
+    int n_prompt, n_gen;         /* of the request it runs (0 when free) */
+    char req_id[48];
+} srv_slot_info;
+
+/* Totals for /metrics, under the scheduler's mutex. */
+typedef struct srv_totals {
+    unsigned long long requests;       /* generations finished */
+    unsigned long long prompt_tokens;  /* prompt tokens prefilled (cache hits excluded) */
+    unsigned long long cached_tokens;  /* prompt tokens found in a slot's cache */
+    unsigned long long gen_tokens;     /* tokens generated */
+    double t_prefill, t_decode;        /* seconds, summed over requests */
+} srv_totals;
 
 enum { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE };
 
@@ -85,6 +115,9 @@ typedef struct srv_sched {
     double *t_batch;             /* [n_slots + 1]: seconds per batch step of n */
     double t_single;             /* seconds per single-token step */
     long n_decide;
+    /* mu-guarded: published for /slots and /metrics */
+    srv_slot_info *info;         /* [n_slots] */
+    srv_totals totals;
 } srv_sched;
 
 int srv_sched_init(srv_sched *sc, mx_engine *g, int n_slots, int n_ctx, int max_queue,
@@ -103,6 +136,9 @@ void srv_sched_stop(srv_sched *sc);
 void srv_sched_free(srv_sched *sc);
 /* Snapshot for /health. */
 void srv_sched_counts(srv_sched *sc, int *busy, int *queued);
+/* Snapshot for /slots and /metrics: info[n_slots] and the totals. */
+void srv_sched_snapshot(srv_sched *sc, srv_slot_info *info, srv_totals *tot, int *busy,
+                        int *queued);
 
 /* ---- JSON requests and responses (api.c) ---- */
 
@@ -134,9 +170,18 @@ char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, const char *text, size_t
                     const char *finish, int role_chunk);
 /* The usage-only chunk (stream_options.include_usage). */
 char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen);
-char *srv_error_sse(const char *msg);
+/* An error event: {"error": {message, type, code}} (code may be NULL). */
+char *srv_error_sse(const char *msg, const char *code);
 
 void srv_models(const srv_ctx *c, srv_reply *rep);
+/* GET /v1/models/{id}: the model, or 404. */
+void srv_model_get(const srv_ctx *c, const char *id, srv_reply *rep);
+/* GET /slots: info[n] as JSON. */
+void srv_slots_json(const srv_ctx *c, const srv_slot_info *info, int n, srv_reply *rep);
+/* GET /props (llama-server's): model, context, slots, template, defaults. */
+void srv_props(const srv_ctx *c, srv_reply *rep);
+/* POST /apply-template: {"messages", "tools"?, ...} -> {"prompt": text}. */
+void srv_apply_template(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
 void srv_tokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
 void srv_detokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
 
