@@ -4,7 +4,9 @@
 #include "sample/sample.h"
 #include "test.h"
 
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static mx_sample_params params(float t, int k, float p, float minp)
 {
@@ -453,6 +455,113 @@ static void test_stopper(void)
     mx_stopper_free(s);
 }
 
+/* A filter that allows only even ids (counts its calls). */
+static int filter_calls;
+static size_t even_only(void *ud, float *logits, int32_t vocab)
+{
+    (void)ud;
+    filter_calls++;
+    size_t n = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        if (i % 2)
+            logits[i] = -INFINITY;
+        else
+            n++;
+    }
+    return n;
+}
+
+static size_t nothing_allowed(void *ud, float *logits, int32_t vocab)
+{
+    (void)ud;
+    for (int32_t i = 0; i < vocab; i++)
+        logits[i] = -INFINITY;
+    return 0;
+}
+
+/* logit_bias, the filter hook, frequency and presence penalties: greedy
+ * picks computed by hand from the definitions in sample.h. */
+static void test_bias_filter_penalties(void)
+{
+    mx_sample_params sp = params(0.0f, 0, 1.0f, 0.0f);
+    float base[6] = {1.0f, 5.0f, 2.0f, 4.9f, 0.5f, 3.0f};
+    float l[6];
+
+    /* bias: id 4 gets +10 -> 10.5 beats 5 */
+    mx_sampler *s = mx_sampler_new(&sp, 6);
+    int32_t bid[2] = {4, 99};   /* 99: outside the vocabulary, ignored */
+    float bv[2] = {10.0f, 50.0f};
+    CHECK(mx_sampler_set_bias(s, bid, bv, 2) == 0);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 4);
+    /* -100 bans the best */
+    int32_t ban = 1;
+    float m100 = -100.0f;
+    CHECK(mx_sampler_set_bias(s, &ban, &m100, 1) == 0);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 3);
+    mx_sampler_free(s);
+
+    /* filter: only even ids -> best even is 5.0? no: ids 0,2,4 -> 2 (2.0) */
+    s = mx_sampler_new(&sp, 6);
+    filter_calls = 0;
+    mx_sampler_set_filter(s, even_only, NULL);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 2);
+    CHECK(filter_calls == 1);
+    /* and with temperature: the candidates are even ids only */
+    mx_sampler_free(s);
+    mx_sample_params hot = params(1.0f, 0, 1.0f, 0.0f);
+    s = mx_sampler_new(&hot, 6);
+    mx_sampler_set_filter(s, even_only, NULL);
+    int32_t ids[6];
+    memcpy(l, base, sizeof l);
+    size_t k = mx_sampler_candidates(s, l, NULL, 0, ids);
+    CHECK(k == 3 && ids[0] == 0 && ids[1] == 2 && ids[2] == 4);
+    for (int i = 0; i < 50; i++) {
+        memcpy(l, base, sizeof l);
+        int32_t id = mx_sampler_sample(s, l, NULL, 0);
+        CHECKF(id % 2 == 0, "filtered draw %d", id);
+    }
+    mx_sampler_set_filter(s, nothing_allowed, NULL);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == -1);
+    mx_sampler_free(s);
+
+    /* frequency penalty 0.06 per occurrence: after id 1 twice, 5 - 0.12 =
+     * 4.88 < 4.9 -> id 3; after one, 4.94 still wins */
+    sp.frequency_penalty = 0.06f;
+    s = mx_sampler_new(&sp, 6);
+    mx_sampler_accept(s, 1);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 1);
+    mx_sampler_accept(s, 1);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 3);
+    mx_sampler_free(s);
+    /* presence penalty 0.2: once is enough, twice is no worse than once */
+    sp.frequency_penalty = 0.0f;
+    sp.presence_penalty = 0.2f;
+    s = mx_sampler_new(&sp, 6);
+    mx_sampler_accept(s, 3);
+    mx_sampler_accept(s, 3);
+    mx_sampler_accept(s, 1);
+    memcpy(l, base, sizeof l);
+    l[3] = 5.15f;   /* 5.15 - 0.2 = 4.95 > 5 - 0.2 = 4.8 */
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 3);
+    mx_sampler_free(s);
+    /* negative penalties encourage repetition */
+    sp.presence_penalty = -0.5f;
+    s = mx_sampler_new(&sp, 6);
+    mx_sampler_accept(s, 5);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 1);   /* 3.5 < 5 */
+    mx_sampler_accept(s, 3);
+    memcpy(l, base, sizeof l);
+    CHECK(mx_sampler_sample(s, l, NULL, 0) == 3);   /* 5.4 > 5 */
+    mx_sampler_free(s);
+}
+
 int main(void)
 {
     test_defaults();
@@ -463,5 +572,6 @@ int main(void)
     test_distribution();
     test_large_vocab();
     test_stopper();
+    test_bias_filter_penalties();
     return test_summary();
 }

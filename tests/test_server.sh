@@ -130,6 +130,49 @@ jq -j '.choices[0].text' "$T/body" >"$T/got_p"
 check "completions text equals generate -p" cmp -s "$T/expect_p" "$T/got_p"
 check "completions object" [ "$(jq -r .object "$T/body")" = text_completion ]
 
+# --- logprobs: shapes, and the values against the logits generate dumps ---
+"$BIN" generate -m "$F" --chat "$MSG" --temp 0 -n 1 --dump-logits "$T/logits" >/dev/null 2>&1
+# log-softmax of the first generated token (the argmax) by hand: max + log(sum exp)
+ref=$(od -An -v -f "$T/logits" | tr -s ' ' '\n' | awk 'NF {x[n++] = $1; if (n == 1 || $1 > m) m = $1}
+  END {for (i = 0; i < n; i++) s += exp(x[i] - m); printf "%.6f", -log(s)}')
+st=$(post /v1/chat/completions "$(chat_req "$MSG" 4 '{logprobs: true, top_logprobs: 3}')")
+check "chat logprobs status $st" [ "$st" = 200 ]
+check "chat logprobs shape" jq -e '.choices[0].logprobs.content | length == 4 and all(
+  (.token | type == "string") and (.logprob | type == "number") and (.bytes | type == "array") and
+  (.top_logprobs | length == 3) and (.top_logprobs[0].logprob >= .top_logprobs[1].logprob))' "$T/body"
+check "greedy token is the top alternative" jq -e '.choices[0].logprobs.content | all(.token == .top_logprobs[0].token and .logprob == .top_logprobs[0].logprob)' "$T/body"
+jq -r '[.choices[0].logprobs.content[].bytes[]] | map(tostring) | join(" ")' "$T/body" >"$T/lpbytes"
+jq -j '.choices[0].message.content' "$T/body" | od -An -v -tu1 | xargs >"$T/textbytes"
+check "token bytes concatenate to the text" cmp -s "$T/lpbytes" "$T/textbytes"
+got=$(jq '.choices[0].logprobs.content[0].logprob' "$T/body")
+check "first logprob $got equals log-softmax of the dumped logits $ref" awk -v a="$got" -v b="$ref" 'BEGIN {d = a - b; exit !(d < 1e-3 && d > -1e-3)}'
+curl -sN -d "$(chat_req "$MSG" 4 '{logprobs: true, top_logprobs: 2, stream: true}')" "$URL/v1/chat/completions" >"$T/lpstream"
+check "streamed chat logprobs: 4 entries" [ "$(sed -n 's/^data: {/{/p' "$T/lpstream" | jq -s '[.[] | .choices[]? | .logprobs.content? // [] | .[]] | length')" = 4 ]
+st=$(post /v1/completions '{"prompt": "Once upon a time", "temperature": 0, "max_tokens": 3, "logprobs": 2}')
+check "completions logprobs shape" jq -e '.choices[0].logprobs | (.tokens | length == 3) and (.token_logprobs | length == 3) and
+  (.top_logprobs | length == 3 and all(length >= 1 and length <= 2)) and .text_offset[0] == 0' "$T/body"
+curl -sN -d '{"prompt": "Once upon a time", "temperature": 0, "max_tokens": 3, "logprobs": 1, "stream": true}' "$URL/v1/completions" >"$T/lpstream"
+check "streamed completions logprobs" [ "$(sed -n 's/^data: {/{/p' "$T/lpstream" | jq -s '[.[] | .choices[]? | .logprobs.tokens? // [] | .[]] | length')" = 3 ]
+
+# --- n > 1 (one prefill for all), several prompts, logit_bias, penalties ---
+pt0=$(curl -s "$URL/metrics" | awk '$1 == "mlxcel_prompt_tokens_total" {print $2}')
+st=$(post /v1/chat/completions "$(chat_req "A fresh question for n" 5 '{n: 3}')")
+check "n=3 status $st" [ "$st" = 200 ]
+check "n=3: three greedy-equal choices" jq -e '(.choices | length == 3) and ([.choices[].index] == [0, 1, 2]) and
+  ([.choices[].message.content] | unique | length == 1) and .usage.completion_tokens == 15' "$T/body"
+np=$(jq .usage.prompt_tokens "$T/body")
+pt1=$(curl -s "$URL/metrics" | awk '$1 == "mlxcel_prompt_tokens_total" {print $2}')
+check "n=3 prefilled the prompt once ($((pt1 - pt0)) tokens for a $np-token prompt)" [ $((pt1 - pt0)) -le $((np + 2)) ]
+curl -sN -d "$(chat_req "A fresh question for n" 5 '{n: 2, stream: true}')" "$URL/v1/chat/completions" >"$T/nstream"
+check "n=2 streamed: both indexes, each with a finish" [ "$(sed -n 's/^data: {/{/p' "$T/nstream" | jq -rs '[.[] | .choices[]? | select(.finish_reason) | .index] | join(",")')" = "0,1" ]
+st=$(post /v1/completions '{"prompt": ["Once upon a time", "Hello"], "temperature": 0, "max_tokens": 12}')
+check "two prompts: two choices" [ "$(jq '.choices | length' "$T/body")" = 2 ]
+check "prompt list choice 0 equals generate -p" [ "$(jq -j '.choices[0].text' "$T/body")" = "$(cat "$T/expect_p")" ]
+st=$(post /v1/completions '{"prompt": "Hello", "temperature": 0, "max_tokens": 3, "logit_bias": {"9707": 100}}')
+check "logit_bias +100 forces the token" [ "$(jq -r '.choices[0].text' "$T/body")" = "HelloHelloHello" ]
+st=$(post /v1/completions '{"prompt": "Hello", "temperature": 0, "max_tokens": 3, "frequency_penalty": 1.5, "presence_penalty": 0.5}')
+check "penalties accepted ($st)" [ "$st" = 200 ]
+
 # --- 8 concurrent streaming clients (4 slots: batching plus queueing) ---
 MSGS=("What is the capital of France?" "Tell me a story" "Write a poem about the sea" "Why is the sky blue?")
 NC=16
@@ -226,7 +269,18 @@ expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "
 expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "stop": 3}'
 expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "stop": [""]}'
 expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}'
-expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "n": 3}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "n": 17}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 3}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logit_bias": [1]}'
+expect_err 400 /v1/completions '{"prompt": "x", "echo": true}'
+expect_err 400 /v1/completions '{"prompt": "x", "suffix": "y"}'
+expect_err 400 /v1/completions '{"prompt": "x", "best_of": 3}'
+expect_err 400 /v1/completions '{"prompt": ["a", 5]}'
+expect_err 400 /v1/completions '{"prompt": ["a", "b", "c", "d", "e"], "n": 16, "max_tokens": 1}'
 expect_err 404 /v1/chat/completions '{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}'
 expect_err 400 /v1/completions '{"prompt": 12}'
 expect_err 400 /v1/completions '{"prompt": [1, -5]}'

@@ -1,4 +1,5 @@
 /* gen.c - engine loading and the generation loop. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,9 @@ struct mx_gen_req {
     mx_gen_stats st;
     double t0, td;
     int finished;
+    float *raw;                  /* (vocab) the logits before sampling, for logprobs */
+    mx_token_logprob lp;
+    int lp_valid;
 };
 
 void mx_gen_req_free(mx_gen_req *r)
@@ -169,6 +173,7 @@ void mx_gen_req_free(mx_gen_req *r)
     mx_stopper_free(r->stop);
     mx_sampler_free(r->smp);
     free(r->logits);
+    free(r->raw);
     free(r->prompt);
     free(r);
 }
@@ -203,7 +208,10 @@ int mx_gen_req_new(mx_engine *g, mx_session *s, const int32_t *prompt, int n_pro
     r->smp = mx_sampler_new(&o->sample, m->vocab);
     r->stop = o->n_stops ? mx_stopper_new(o->stops, o->n_stops) : NULL;
     r->ts = g->tok ? mx_tok_stream_new(g->tok, !o->keep_special) : NULL;
-    if (!r->prompt || !r->logits || !r->smp || (o->n_stops && !r->stop) || (g->tok && !r->ts)) {
+    r->raw = o->logprobs ? malloc(sizeof(float) * (size_t)m->vocab) : NULL;
+    if (!r->prompt || !r->logits || !r->smp || (o->n_stops && !r->stop) || (g->tok && !r->ts) ||
+        (o->logprobs && !r->raw) ||
+        (o->n_bias && mx_sampler_set_bias(r->smp, o->bias_ids, o->bias_vals, o->n_bias))) {
         mx_gen_req_free(r);
         return mx_fail(e, MX_ENOMEM, "out of memory");
     }
@@ -291,6 +299,40 @@ static int finish(mx_gen_req *r, const char *why, int flush, mx_err *e)
     return 1;
 }
 
+/* Fills r->lp for token id from the logits saved before sampling. */
+static void token_logprob(mx_gen_req *r, int32_t id)
+{
+    const float *x = r->raw;
+    const int V = r->g->model->vocab;
+    int k = r->o.top_logprobs < 0 ? 0 : r->o.top_logprobs;
+    if (k > MX_MAX_TOP_LOGPROBS)
+        k = MX_MAX_TOP_LOGPROBS;
+    float mx = x[mx_argmax(x, V)];
+    double sum = 0;
+    mx_token_logprob *lp = &r->lp;
+    lp->n_top = 0;
+    for (int i = 0; i < V; i++) {
+        float v = isnan(x[i]) ? -INFINITY : x[i];
+        sum += exp((double)v - mx);
+        /* insertion into the top k, best first (ties: lower id first) */
+        if (k && (lp->n_top < k || v > lp->top_logprob[lp->n_top - 1])) {
+            int j = lp->n_top < k ? lp->n_top++ : k - 1;
+            while (j > 0 && v > lp->top_logprob[j - 1]) {
+                lp->top_logprob[j] = lp->top_logprob[j - 1];
+                lp->top_id[j] = lp->top_id[j - 1];
+                j--;
+            }
+            lp->top_logprob[j] = v;
+            lp->top_id[j] = i;
+        }
+    }
+    float lse = mx + (float)log(sum);
+    for (int j = 0; j < lp->n_top; j++)
+        lp->top_logprob[j] -= lse;
+    lp->id = id;
+    lp->logprob = (isnan(x[id]) ? -INFINITY : x[id]) - lse;
+}
+
 int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
 {
     if (r->finished)
@@ -298,7 +340,17 @@ int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
     mx_session *s = r->s;
     if (r->o.max_tokens <= 0)
         return finish(r, "length", 1, e);
+    if (r->raw)
+        memcpy(r->raw, r->logits, sizeof(float) * (size_t)r->g->model->vocab);
     int32_t id = mx_sampler_sample(r->smp, r->logits, s->ids, (size_t)s->seq->pos);
+    if (id < 0) {
+        r->finished = 1;
+        r->st.finish = "error";
+        mx_fail(e, MX_EINVAL, "no token is allowed here (the logit biases or the grammar rule out "
+                              "every token)");
+        return -MX_EINVAL;
+    }
+    mx_sampler_accept(r->smp, id);
     if (r->st.n_gen == 0)
         r->st.t_first = mx_now() - r->t0;
     if (!r->o.ignore_eos && mx_engine_is_eos(r->g, id))
@@ -310,7 +362,12 @@ int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
      * 151646 tokens); such ids decode to nothing, as transformers does. */
     if (r->ts && id < mx_tok_vocab_size(r->g->tok) && mx_tok_stream_push(r->ts, id, &piece, &plen, e))
         return -(e ? e->code : MX_EFORMAT);
+    if (r->raw) {
+        token_logprob(r, id);
+        r->lp_valid = 1;
+    }
     int hit = emit(r, id, piece, plen);
+    r->lp_valid = 0;
     free(piece);
     if (hit)
         return finish(r, hit > 0 ? "stop" : "cancelled", 0, e);
@@ -330,6 +387,10 @@ void mx_gen_req_fed(mx_gen_req *r, int32_t id)
 float *mx_gen_req_logits(mx_gen_req *r) { return r->logits; }
 mx_session *mx_gen_req_session(mx_gen_req *r) { return r->s; }
 const mx_gen_stats *mx_gen_req_stats(const mx_gen_req *r) { return &r->st; }
+const mx_token_logprob *mx_gen_req_logprob(const mx_gen_req *r)
+{
+    return r->lp_valid ? &r->lp : NULL;
+}
 
 int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
                 const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_stats *st, mx_err *e)

@@ -53,6 +53,8 @@ int mx_session_new(const mx_engine *g, int n_ctx, mx_session **out, mx_err *e);
 void mx_session_free(mx_session *s);
 void mx_session_reset(mx_session *s);
 
+#define MX_MAX_TOP_LOGPROBS 20
+
 typedef struct mx_gen_opts {
     int max_tokens;
     mx_sample_params sample;
@@ -61,7 +63,25 @@ typedef struct mx_gen_opts {
     int ignore_eos;
     int keep_special;            /* print special tokens in the text */
     const char *dump_logits;     /* write the prompt's last logits here (raw f32) */
+    int logprobs;                /* compute mx_gen_req_logprob for every token */
+    int top_logprobs;            /* with it, that many alternatives (<= MX_MAX_TOP_LOGPROBS) */
+    const int32_t *bias_ids;     /* logit_bias: n_bias ids and their additive biases */
+    const float *bias_vals;
+    size_t n_bias;
+    struct mx_grammar *grammar;  /* constrain the output to this grammar (NULL: free) */
+    struct mx_grammar_vocab *grammar_vocab;  /* the vocabulary's byte strings for it */
 } mx_gen_opts;
+
+/* The log-probabilities of a generated token: log-softmax of the model's
+ * logits (before biases, penalties, temperature or a grammar's mask), and
+ * the top alternatives, most likely first (ties: lower id). */
+typedef struct mx_token_logprob {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[MX_MAX_TOP_LOGPROBS];
+    float top_logprob[MX_MAX_TOP_LOGPROBS];
+} mx_token_logprob;
 
 typedef struct mx_gen_stats {
     int n_prompt;                /* prompt tokens */
@@ -107,6 +127,9 @@ void mx_gen_req_fed(mx_gen_req *r, int32_t id);
 float *mx_gen_req_logits(mx_gen_req *r);           /* [vocab] */
 mx_session *mx_gen_req_session(mx_gen_req *r);
 const mx_gen_stats *mx_gen_req_stats(const mx_gen_req *r);
+/* With opts.logprobs: the log-probabilities of the token the callback is
+ * being called for (valid during the callback; NULL otherwise). */
+const mx_token_logprob *mx_gen_req_logprob(const mx_gen_req *r);
 void mx_gen_req_free(mx_gen_req *r);
 
 #endif

@@ -24,6 +24,8 @@ void mx_sample_defaults(mx_sample_params *p)
     p->min_p = 0.05f;
     p->repeat_penalty = 1.0f;
     p->repeat_last_n = 64;
+    p->frequency_penalty = 0.0f;
+    p->presence_penalty = 0.0f;
     p->seed = 0;
 }
 
@@ -39,6 +41,14 @@ struct mx_sampler {
     cand *c;            /* (vocab) work list */
     double *prob;       /* (vocab) probabilities of the work list */
     uint8_t *seen;      /* (vocab) marks for the repetition penalty */
+    int32_t *bias_id;   /* logit_bias: ids and values */
+    float *bias_val;
+    size_t n_bias;
+    mx_sample_filter_fn filter;
+    void *filter_ud;
+    int32_t *count;     /* (vocab) accepted tokens, for frequency/presence; NULL until needed */
+    int32_t *counted;   /* distinct ids with count > 0 */
+    size_t n_counted;
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -98,8 +108,57 @@ void mx_sampler_free(mx_sampler *s)
     free(s->c);
     free(s->prob);
     free(s->seen);
+    free(s->bias_id);
+    free(s->bias_val);
+    free(s->count);
+    free(s->counted);
     free(s);
 }
+
+int mx_sampler_set_bias(mx_sampler *s, const int32_t *ids, const float *bias, size_t n)
+{
+    free(s->bias_id);
+    free(s->bias_val);
+    s->bias_id = n ? malloc(n * sizeof *s->bias_id) : NULL;
+    s->bias_val = n ? malloc(n * sizeof *s->bias_val) : NULL;
+    s->n_bias = 0;
+    if (n && (!s->bias_id || !s->bias_val))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->vocab) {
+            s->bias_id[s->n_bias] = ids[i];
+            s->bias_val[s->n_bias++] = bias[i];
+        }
+    return 0;
+}
+
+void mx_sampler_set_filter(mx_sampler *s, mx_sample_filter_fn fn, void *ud)
+{
+    s->filter = fn;
+    s->filter_ud = ud;
+}
+
+void mx_sampler_accept(mx_sampler *s, int32_t id)
+{
+    if (id < 0 || id >= s->vocab || (s->p.frequency_penalty == 0 && s->p.presence_penalty == 0))
+        return;
+    if (!s->count) {
+        s->count = calloc((size_t)s->vocab, sizeof *s->count);
+        s->counted = malloc((size_t)s->vocab * sizeof *s->counted);
+        if (!s->count || !s->counted) {   /* out of memory: no penalty */
+            free(s->count);
+            free(s->counted);
+            s->count = s->counted = NULL;
+            return;
+        }
+    }
+    if (s->count[id]++ == 0)
+        s->counted[s->n_counted++] = id;
+}
+
+/* Biases, the filter, then the penalties on the tokens seen.  Returns 0,
+ * or -1 when the filter left no token. */
+static int adjust(mx_sampler *s, float *logits, const int32_t *hist, size_t nhist);
 
 int32_t mx_argmax(const float *logits, int32_t n)
 {
@@ -195,10 +254,9 @@ static size_t select_top(mx_sampler *s, const float *logits, size_t k)
 /* Runs penalty, temperature and the filters; leaves the survivors in s->c
  * and their renormalised probabilities in s->prob (sorted as above).
  * Returns the count (>= 1).  NaN logits are treated as -inf. */
-static size_t filter(mx_sampler *s, float *logits, const int32_t *hist, size_t nhist)
+static size_t filter(mx_sampler *s, float *logits)
 {
     size_t n = (size_t)s->vocab;
-    apply_penalty(s, logits, hist, nhist);
     float inv_t = 1.0f / s->p.temperature;
     for (size_t i = 0; i < n; i++)
         logits[i] = isnan(logits[i]) ? -INFINITY : logits[i] * inv_t;
@@ -277,13 +335,27 @@ static size_t filter(mx_sampler *s, float *logits, const int32_t *hist, size_t n
     return m;
 }
 
+static int adjust(mx_sampler *s, float *logits, const int32_t *hist, size_t nhist)
+{
+    for (size_t i = 0; i < s->n_bias; i++)
+        logits[s->bias_id[i]] += s->bias_val[i];
+    if (s->filter && s->filter(s->filter_ud, logits, s->vocab) == 0)
+        return -1;
+    apply_penalty(s, logits, hist, nhist);
+    for (size_t i = 0; s->count && i < s->n_counted; i++) {
+        int32_t t = s->counted[i];
+        logits[t] -= s->p.frequency_penalty * (float)s->count[t] + s->p.presence_penalty;
+    }
+    return 0;
+}
+
 int32_t mx_sampler_sample(mx_sampler *s, float *logits, const int32_t *history, size_t nhist)
 {
-    if (s->p.temperature <= 0.0f) {
-        apply_penalty(s, logits, history, nhist);
+    if (adjust(s, logits, history, nhist))
+        return -1;
+    if (s->p.temperature <= 0.0f)
         return mx_argmax(logits, s->vocab);
-    }
-    size_t m = filter(s, logits, history, nhist);
+    size_t m = filter(s, logits);
     double r = rng_uniform(s->rng), cum = 0;
     for (size_t i = 0; i < m; i++) {
         cum += s->prob[i];
@@ -302,12 +374,13 @@ static int id_cmp(const void *a, const void *b)
 size_t mx_sampler_candidates(mx_sampler *s, float *logits, const int32_t *history,
                              size_t nhist, int32_t *ids_out)
 {
+    if (adjust(s, logits, history, nhist))
+        return 0;
     if (s->p.temperature <= 0.0f) {
-        apply_penalty(s, logits, history, nhist);
         ids_out[0] = mx_argmax(logits, s->vocab);
         return 1;
     }
-    size_t m = filter(s, logits, history, nhist);
+    size_t m = filter(s, logits);
     size_t k = 0;
     for (size_t i = 0; i < m; i++)
         if (s->prob[i] > 0)

@@ -1,8 +1,10 @@
 /* sample.h - choosing the next token from logits, and stop strings.
  *
- * Order of operations (as llama.cpp / HF do): repetition penalty -> greedy if
- * temp <= 0 -> temperature -> top-k -> top-p -> min-p -> draw with a seeded
- * PRNG.  A given seed and inputs always give the same draw. */
+ * Order of operations (as llama.cpp / HF do): logit biases -> the filter
+ * hook (a grammar's mask) -> repetition penalty -> frequency/presence
+ * penalties -> greedy if temp <= 0 -> temperature -> top-k -> top-p -> min-p
+ * -> draw with a seeded PRNG.  A given seed and inputs always give the same
+ * draw. */
 #ifndef MX_SAMPLE_H
 #define MX_SAMPLE_H
 
@@ -16,6 +18,9 @@ typedef struct mx_sample_params {
     float min_p;            /* <= 0: off */
     float repeat_penalty;   /* 1: off */
     int repeat_last_n;      /* window of history the penalty looks at */
+    float frequency_penalty;/* 0: off; OpenAI's: logit -= f * count(token), */
+    float presence_penalty; /* 0: off;   -= p * (count > 0), counted over the
+                               tokens accepted (mx_sampler_accept) */
     uint64_t seed;
 } mx_sample_params;
 
@@ -24,8 +29,24 @@ void mx_sample_defaults(mx_sample_params *p);   /* temp 0.8 top_p 0.95 ... */
 typedef struct mx_sampler mx_sampler;
 mx_sampler *mx_sampler_new(const mx_sample_params *p, int32_t vocab);
 void mx_sampler_free(mx_sampler *s);
-/* Picks a token.  logits[vocab] may be modified.  history: ids so far. */
+/* Picks a token.  logits[vocab] may be modified.  history: ids so far
+ * (for the repetition penalty).  Returns -1 when the filter allowed no
+ * token. */
 int32_t mx_sampler_sample(mx_sampler *s, float *logits, const int32_t *history, size_t nhist);
+
+/* Additive biases for some tokens (OpenAI's logit_bias; -100 in practice
+ * bans a token): copied.  Ids outside the vocabulary are ignored.  Returns
+ * 0, or -1 when out of memory. */
+int mx_sampler_set_bias(mx_sampler *s, const int32_t *ids, const float *bias, size_t n);
+
+/* A hook run on the logits after the biases, before the penalties: it sets
+ * the tokens it rules out to -INFINITY (a grammar's mask) and returns how
+ * many remain allowed (0: none, the sample is then -1). */
+typedef size_t (*mx_sample_filter_fn)(void *ud, float *logits, int32_t vocab);
+void mx_sampler_set_filter(mx_sampler *s, mx_sample_filter_fn fn, void *ud);
+
+/* Records a generated token for the frequency and presence penalties. */
+void mx_sampler_accept(mx_sampler *s, int32_t id);
 /* Greedy argmax (lowest id wins ties). */
 int32_t mx_argmax(const float *logits, int32_t n);
 

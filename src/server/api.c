@@ -210,6 +210,99 @@ static int parse_stops(srv_req *r, const cJSON *o, srv_reply *rep)
     return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...}. */
+static int parse_logit_bias(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    const cJSON *b = field(o, "logit_bias");
+    if (!b)
+        return 0;
+    if (!cJSON_IsObject(b)) {
+        srv_error(rep, 400, "invalid_type", "'logit_bias' must be an object of token id -> bias");
+        return -1;
+    }
+    int n = cJSON_GetArraySize(b);
+    if (n > SRV_MAX_BIAS) {
+        srv_error(rep, 400, "invalid_value", "'logit_bias' has %d entries (at most %d)", n, SRV_MAX_BIAS);
+        return -1;
+    }
+    if (!n)
+        return 0;
+    r->bias_ids = malloc(sizeof *r->bias_ids * (size_t)n);
+    r->bias_vals = malloc(sizeof *r->bias_vals * (size_t)n);
+    if (!r->bias_ids || !r->bias_vals) {
+        srv_error(rep, 500, NULL, "out of memory");
+        return -1;
+    }
+    const int vocab = c->g->model->vocab;
+    const cJSON *v;
+    size_t k = 0;
+    cJSON_ArrayForEach(v, b)
+    {
+        char *end;
+        long id = strtol(v->string, &end, 10);
+        if (!*v->string || *end || id < 0 || id >= vocab) {
+            srv_error(rep, 400, "invalid_value", "'logit_bias': '%.40s' is not a token id in [0, %d)",
+                      v->string, vocab);
+            return -1;
+        }
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < -100 ||
+            v->valuedouble > 100) {
+            srv_error(rep, 400, "invalid_value", "'logit_bias'[\"%ld\"] must be a number in [-100, 100]", id);
+            return -1;
+        }
+        r->bias_ids[k] = (int32_t)id;
+        r->bias_vals[k++] = (float)v->valuedouble;
+    }
+    r->gen.bias_ids = r->bias_ids;
+    r->gen.bias_vals = r->bias_vals;
+    r->gen.n_bias = k;
+    return 0;
+}
+
+/* Chat: "logprobs": bool, "top_logprobs": 0..20.  Completions:
+ * "logprobs": 0..20 (the number of alternatives; null: off). */
+static int parse_logprobs(srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    long long top = 0;
+    if (r->kind == SRV_CHAT) {
+        if (get_bool(o, "logprobs", &r->gen.logprobs, rep) ||
+            get_int(o, "top_logprobs", 0, MX_MAX_TOP_LOGPROBS, &top, rep))
+            return -1;
+        if (field(o, "top_logprobs") && !r->gen.logprobs) {
+            srv_error(rep, 400, "invalid_value", "'top_logprobs' needs 'logprobs': true");
+            return -1;
+        }
+    } else if (field(o, "logprobs")) {
+        if (get_int(o, "logprobs", 0, MX_MAX_TOP_LOGPROBS, &top, rep))
+            return -1;
+        r->gen.logprobs = 1;
+    }
+    r->gen.top_logprobs = (int)top;
+    return 0;
+}
+
+/* Completions fields this server does not implement: an error, not a
+ * silently different answer. */
+static int refuse_unsupported(const srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    if (r->kind != SRV_COMPLETION)
+        return 0;
+    const cJSON *v;
+    if ((v = field(o, "echo")) && !cJSON_IsFalse(v)) {
+        srv_error(rep, 400, "unsupported_value", "'echo' is not supported");
+        return -1;
+    }
+    if ((v = field(o, "suffix")) && !(cJSON_IsString(v) && !*v->valuestring)) {
+        srv_error(rep, 400, "unsupported_value", "'suffix' (insertion) is not supported");
+        return -1;
+    }
+    if ((v = field(o, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == r->n)) {
+        srv_error(rep, 400, "unsupported_value", "'best_of' is not supported (other than equal to 'n')");
+        return -1;
+    }
+    return 0;
+}
+
 /* Sampling, length and streaming fields shared by both endpoints. */
 static int parse_common(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
 {
@@ -263,7 +356,18 @@ static int parse_common(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply 
         sp->seed = (uint64_t)i;
     }
     i = 1;
-    if (get_int(o, "n", 1, 1, &i, rep))
+    if (get_int(o, "n", 1, SRV_MAX_N, &i, rep))
+        return -1;
+    r->n = (int)i;
+    d = 0;
+    if (get_number(o, "frequency_penalty", -2, 2, &d, rep))
+        return -1;
+    sp->frequency_penalty = (float)d;
+    d = 0;
+    if (get_number(o, "presence_penalty", -2, 2, &d, rep))
+        return -1;
+    sp->presence_penalty = (float)d;
+    if (parse_logit_bias(c, r, o, rep) || parse_logprobs(r, o, rep))
         return -1;
     if (get_bool(o, "stream", &r->stream, rep) || get_bool(o, "ignore_eos", &r->gen.ignore_eos, rep))
         return -1;
@@ -404,7 +508,8 @@ static int encode_chat(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *
     if (render_chat(c, o, &text, rep))
         return -1;
     mx_err e = {0};
-    int rc = mx_engine_encode(c->g, text, &r->prompt, &r->n_prompt, &e);
+    int rc = mx_engine_encode(c->g, text, &r->prompts[0], &r->n_prompt_of[0], &e);
+    r->n_prompts = 1;
     free(text);
     if (rc) {
         srv_error(rep, 400, "invalid_prompt", "chat template output: %s", e.msg);
@@ -428,11 +533,11 @@ void srv_apply_template(const srv_ctx *c, const char *body, size_t len, srv_repl
     cJSON_Delete(o);
 }
 
-/* A list of token ids into r->prompt. */
-static int prompt_ids(const srv_ctx *c, srv_req *r, const cJSON *a, srv_reply *rep)
+/* A list of token ids as prompt k. */
+static int prompt_ids(const srv_ctx *c, srv_req *r, int k, const cJSON *a, srv_reply *rep)
 {
     int n = cJSON_GetArraySize(a);
-    if (!(r->prompt = malloc(sizeof *r->prompt * (size_t)(n ? n : 1)))) {
+    if (!(r->prompts[k] = malloc(sizeof *r->prompts[k] * (size_t)(n ? n : 1)))) {
         srv_error(rep, 500, NULL, "out of memory");
         return -1;
     }
@@ -446,12 +551,40 @@ static int prompt_ids(const srv_ctx *c, srv_req *r, const cJSON *a, srv_reply *r
             srv_error(rep, 400, "invalid_value", "'prompt'[%d] must be a token id in [0, %d)", i, vocab);
             return -1;
         }
-        r->prompt[i++] = (int32_t)v->valuedouble;
+        r->prompts[k][i++] = (int32_t)v->valuedouble;
     }
-    r->n_prompt = i;
+    r->n_prompt_of[k] = i;
     return 0;
 }
 
+/* One prompt (a string or a list of ids) as prompt k. */
+static int one_prompt(const srv_ctx *c, srv_req *r, int k, const cJSON *p, srv_reply *rep)
+{
+    r->n_prompts = k + 1;
+    if (cJSON_IsArray(p)) {
+        const cJSON *v;
+        cJSON_ArrayForEach(v, p) if (!cJSON_IsNumber(v))
+        {
+            srv_error(rep, 400, "invalid_value", "'prompt' must be a string, a list of token ids, "
+                                                 "or a list of those");
+            return -1;
+        }
+        return prompt_ids(c, r, k, p, rep);
+    }
+    if (!cJSON_IsString(p)) {
+        srv_error(rep, 400, "invalid_type", "'prompt' must be a string, a list of token ids, or a list of those");
+        return -1;
+    }
+    mx_err e = {0};
+    if (mx_engine_encode(c->g, p->valuestring, &r->prompts[k], &r->n_prompt_of[k], &e)) {
+        srv_error(rep, 400, "invalid_prompt", "prompt: %s", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* "prompt": a string, a list of token ids, or a list of up to
+ * SRV_MAX_PROMPTS of those (one choice per prompt, times n). */
 static int encode_prompt(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
 {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
@@ -459,26 +592,25 @@ static int encode_prompt(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply
         srv_error(rep, 400, "missing_field", "'prompt' is required");
         return -1;
     }
-    /* a list of one prompt is that prompt; several would need n > 1 */
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
-        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
-        p = p->child;
-    if (cJSON_IsArray(p)) {
-        if (cJSON_GetArraySize(p) && !cJSON_IsNumber(p->child)) {
-            srv_error(rep, 400, "invalid_value", "'prompt' must be a string, a list of one string, "
-                                                 "or a list of token ids (one prompt per request)");
+    int list = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 &&
+               (cJSON_IsString(p->child) || cJSON_IsArray(p->child));
+    if (!list)
+        return one_prompt(c, r, 0, p, rep);
+    int n = cJSON_GetArraySize(p);
+    if (n > SRV_MAX_PROMPTS) {
+        srv_error(rep, 400, "invalid_value", "'prompt' has %d prompts (at most %d)", n, SRV_MAX_PROMPTS);
+        return -1;
+    }
+    int k = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, p)
+    {
+        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) && !cJSON_IsNumber(v->child)) {
+            srv_error(rep, 400, "invalid_value", "'prompt'[%d] must be a string or a list of token ids", k);
             return -1;
         }
-        return prompt_ids(c, r, p, rep);
-    }
-    if (!cJSON_IsString(p)) {
-        srv_error(rep, 400, "invalid_type", "'prompt' must be a string or a list of token ids");
-        return -1;
-    }
-    mx_err e = {0};
-    if (mx_engine_encode(c->g, p->valuestring, &r->prompt, &r->n_prompt, &e)) {
-        srv_error(rep, 400, "invalid_prompt", "prompt: %s", e.msg);
-        return -1;
+        if (one_prompt(c, r, k++, v, rep))
+            return -1;
     }
     return 0;
 }
@@ -507,16 +639,30 @@ srv_req *srv_parse_generation(const srv_ctx *c, int kind, const char *body, size
     r->kind = kind;
     int rc = parse_common(c, r, o, rep);
     if (!rc)
+        rc = refuse_unsupported(r, o, rep);
+    if (!rc)
         rc = kind == SRV_CHAT ? encode_chat(c, r, o, rep) : encode_prompt(c, r, o, rep);
     cJSON_Delete(o);
-    if (!rc && r->n_prompt == 0) {
-        srv_error(rep, 400, "invalid_prompt", "the prompt is empty (it encodes to no tokens)");
+    for (int k = 0; !rc && k < r->n_prompts; k++) {
+        if (r->n_prompt_of[k] == 0) {
+            srv_error(rep, 400, "invalid_prompt", "the prompt is empty (it encodes to no tokens)");
+            rc = -1;
+        } else if (r->n_prompt_of[k] >= c->o->n_ctx) {
+            srv_error(rep, 400, "context_length_exceeded",
+                      "the prompt has %d tokens but the context holds %d (--ctx-size)",
+                      r->n_prompt_of[k], c->o->n_ctx);
+            rc = -1;
+        }
+        r->n_prompt += r->n_prompt_of[k];
+    }
+    r->n_choices = r->n * r->n_prompts;
+    if (!rc && r->n_choices > SRV_MAX_CHOICES) {
+        srv_error(rep, 400, "invalid_value", "n x prompts is %d choices (at most %d)", r->n_choices,
+                  SRV_MAX_CHOICES);
         rc = -1;
     }
-    if (!rc && r->n_prompt >= c->o->n_ctx) {
-        srv_error(rep, 400, "context_length_exceeded",
-                  "the prompt has %d tokens but the context holds %d (--ctx-size)", r->n_prompt,
-                  c->o->n_ctx);
+    if (!rc && !(r->ch = calloc((size_t)r->n_choices, sizeof *r->ch))) {
+        srv_error(rep, 500, NULL, "out of memory");
         rc = -1;
     }
     if (rc) {
@@ -564,24 +710,137 @@ static cJSON *envelope(const srv_ctx *c, const srv_req *r, const char *object)
     return o;
 }
 
+/* Valid UTF-8 from bytes: invalid sequences become U+FFFD. */
+static cJSON *lossy_string(const unsigned char *b, size_t n)
+{
+    char *t = malloc(3 * n + 1);
+    if (!t)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned c = b[i];
+        size_t l = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = l && i + l <= n && c != 0;
+        for (size_t k = 1; ok && k < l; k++)
+            ok = (b[i + k] & 0xC0) == 0x80;
+        /* overlong forms, surrogates and values past U+10FFFF are not UTF-8 */
+        if (ok && l == 2)
+            ok = c >= 0xC2;
+        if (ok && l == 3)
+            ok = !(c == 0xE0 && b[i + 1] < 0xA0) && !(c == 0xED && b[i + 1] >= 0xA0);
+        if (ok && l == 4)
+            ok = c <= 0xF4 && !(c == 0xF0 && b[i + 1] < 0x90) && !(c == 0xF4 && b[i + 1] >= 0x90);
+        if (ok) {
+            memcpy(t + o, b + i, l);
+            o += l;
+            i += l;
+        } else {
+            memcpy(t + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    t[o] = 0;
+    cJSON *v = cJSON_CreateString(t);
+    free(t);
+    return v;
+}
+
+/* A token's text (lossy) and, when bytes is not NULL, its bytes as a list
+ * of integers. */
+static cJSON *token_text(const srv_ctx *c, int32_t id, cJSON **bytes)
+{
+    unsigned char buf[256];
+    int n = c->g->tok ? mx_tok_token_bytes(c->g->tok, id, (char *)buf, sizeof buf) : -1;
+    if (n < 0)
+        n = 0;              /* padding ids past the tokenizer: no text */
+    if ((size_t)n > sizeof buf)
+        n = sizeof buf;
+    if (bytes) {
+        *bytes = cJSON_CreateArray();
+        for (int i = 0; i < n; i++)
+            cJSON_AddItemToArray(*bytes, cJSON_CreateNumber(buf[i]));
+    }
+    return lossy_string(buf, (size_t)n);
+}
+
+/* JSON has no -inf: a ruled-out alternative gets -9999, as OpenAI does. */
+static double lp_value(float x) { return isfinite(x) ? x : -9999.0; }
+
+static cJSON *chat_lp_entry(const srv_ctx *c, int32_t id, float lp)
+{
+    cJSON *e = cJSON_CreateObject(), *bytes = NULL;
+    cJSON_AddItemToObject(e, "token", token_text(c, id, &bytes));
+    cJSON_AddNumberToObject(e, "logprob", lp_value(lp));
+    cJSON_AddItemToObject(e, "bytes", bytes);
+    return e;
+}
+
+/* The "logprobs" of a choice for tokens lp[n]: chat's {"content": [...]}
+ * or completions' {tokens, token_logprobs, top_logprobs, text_offset}. */
+static cJSON *logprobs_json(const srv_ctx *c, const srv_req *r, const srv_lp *lp, int n)
+{
+    if (!r->gen.logprobs)
+        return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    if (r->kind == SRV_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (int i = 0; i < n; i++) {
+            const mx_token_logprob *t = &lp[i].lp;
+            cJSON *e = chat_lp_entry(c, t->id, t->logprob);
+            cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int j = 0; j < t->n_top; j++)
+                cJSON_AddItemToArray(top, chat_lp_entry(c, t->top_id[j], t->top_logprob[j]));
+            cJSON_AddItemToArray(content, e);
+        }
+        return o;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = r->gen.top_logprobs ? cJSON_AddArrayToObject(o, "top_logprobs")
+                                      : cJSON_AddNullToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    for (int i = 0; i < n; i++) {
+        const mx_token_logprob *t = &lp[i].lp;
+        cJSON_AddItemToArray(tokens, token_text(c, t->id, NULL));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(t->logprob)));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)lp[i].off));
+        if (r->gen.top_logprobs) {
+            cJSON *m = cJSON_CreateObject();
+            for (int j = 0; j < t->n_top; j++) {
+                cJSON *s = token_text(c, t->top_id[j], NULL);
+                /* two ids with the same text: the more likely one stays */
+                if (cJSON_IsString(s) && !cJSON_GetObjectItemCaseSensitive(m, s->valuestring))
+                    cJSON_AddNumberToObject(m, s->valuestring, lp_value(t->top_logprob[j]));
+                cJSON_Delete(s);
+            }
+            cJSON_AddItemToArray(tops, m);
+        }
+    }
+    return o;
+}
+
 void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep)
 {
     int chat = r->kind == SRV_CHAT;
     cJSON *o = envelope(c, r, chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
-    cJSON *text = string_n(r->text ? r->text : "", r->len);
-    if (chat) {
-        cJSON *msg = cJSON_AddObjectToObject(ch, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddItemToObject(msg, "content", text);
-    } else {
-        cJSON_AddItemToObject(ch, "text", text);
+    for (int k = 0; k < r->n_choices; k++) {
+        const srv_choice *sc = &r->ch[k];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(choices, ch);
+        cJSON_AddNumberToObject(ch, "index", k);
+        cJSON *text = string_n(sc->text ? sc->text : "", sc->len);
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddItemToObject(msg, "content", text);
+        } else {
+            cJSON_AddItemToObject(ch, "text", text);
+        }
+        cJSON_AddItemToObject(ch, "logprobs", logprobs_json(c, r, sc->lp, sc->n_lp));
+        cJSON_AddStringToObject(ch, "finish_reason", sc->finish ? sc->finish : r->finish);
     }
-    cJSON_AddNullToObject(ch, "logprobs");
-    cJSON_AddStringToObject(ch, "finish_reason", r->finish);
     cJSON_AddItemToObject(o, "usage", usage_json(r, r->n_gen));
     reply_json(rep, o);
 }
@@ -604,15 +863,15 @@ static char *sse(cJSON *o)
     return s;
 }
 
-char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, const char *text, size_t len,
-                    const char *finish, int role_chunk)
+char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, int k, const char *text, size_t len,
+                    const srv_lp *lp, int n_lp, const char *finish, int role_chunk)
 {
     int chat = r->kind == SRV_CHAT;
     cJSON *o = envelope(c, r, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", k);
     if (chat) {
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (role_chunk)
@@ -622,7 +881,10 @@ char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, const char *text, size_t
     } else {
         cJSON_AddItemToObject(ch, "text", string_n(text ? text : "", text ? len : 0));
     }
-    cJSON_AddNullToObject(ch, "logprobs");
+    if (n_lp)
+        cJSON_AddItemToObject(ch, "logprobs", logprobs_json(c, r, lp, n_lp));
+    else
+        cJSON_AddNullToObject(ch, "logprobs");
     if (finish)
         cJSON_AddStringToObject(ch, "finish_reason", finish);
     else

@@ -61,8 +61,10 @@ typedef struct stream_state {
     struct MHD_Connection *conn;
     char *pend;                  /* the event being sent */
     size_t plen, poff;
-    size_t sent;                 /* bytes of r->text already sent */
-    int phase;                   /* 0 start, 1 text, 2 end, 3 done */
+    int k;                       /* the choice being streamed */
+    size_t sent;                 /* bytes of its text already sent */
+    int sent_lp;                 /* and of its logprobs entries */
+    int phase;                   /* 0 start of a choice, 1 text, 2 end, 3 done */
 } stream_state;
 
 void mx_server_opts_defaults(mx_server_opts *o)
@@ -163,7 +165,9 @@ static void deadline_in(struct timespec *ts, long ms)
     ts->tv_nsec %= 1000000000L;
 }
 
-/* The next event of the stream into ss->pend; 0 ok, -1 on failure. */
+/* The next event of the stream into ss->pend; 0 ok, -1 on failure.  The
+ * choices of a request are generated one after another, so they are
+ * streamed in turn: each its role chunk (chat), its text, its finish. */
 static int next_event(stream_state *ss)
 {
     mx_server *s = ss->srv;
@@ -172,36 +176,51 @@ static int next_event(stream_state *ss)
     if (ss->phase == 0) {
         ss->phase = 1;
         if (r->kind == SRV_CHAT) {
-            ss_set(ss, srv_chunk_sse(c, r, NULL, 0, NULL, 1));
+            ss_set(ss, srv_chunk_sse(c, r, ss->k, NULL, 0, NULL, 0, NULL, 1));
             return ss->pend ? 0 : -1;
         }
     }
     if (ss->phase == 1) {
         timeout_pause(ss->conn);
         pthread_mutex_lock(&s->sc.mu);
-        while (r->len == ss->sent && !r->done) {
+        srv_choice *ch = &r->ch[ss->k];
+        while (ch->len == ss->sent && ch->n_lp == ss->sent_lp && !ch->done && !r->done) {
             struct timespec ts;
             deadline_in(&ts, 1000);
             pthread_cond_timedwait(&r->cv, &s->sc.mu, &ts);
         }
         char *ev = NULL;
-        size_t n = r->len - ss->sent;
-        if (n) {
-            ev = srv_chunk_sse(c, r, r->text + ss->sent, n, NULL, 0);
-            ss->sent = r->len;
+        size_t n = ch->len - ss->sent;
+        int n_lp = ch->n_lp - ss->sent_lp;
+        int more = n || n_lp;
+        if (more) {
+            ev = srv_chunk_sse(c, r, ss->k, n ? ch->text + ss->sent : NULL, n, ch->lp + ss->sent_lp,
+                               n_lp, NULL, 0);
+            ss->sent = ch->len;
+            ss->sent_lp = ch->n_lp;
+        } else if (ch->done && !r->err_status && ss->k + 1 < r->n_choices) {
+            /* this choice is complete and another follows */
+            ev = srv_chunk_sse(c, r, ss->k, NULL, 0, NULL, 0, ch->finish, 0);
+            more = 1;
+            ss->k++;
+            ss->sent = 0;
+            ss->sent_lp = 0;
+            ss->phase = 0;
         } else {
             ss->phase = 2;
         }
         pthread_mutex_unlock(&s->sc.mu);
         timeout_resume(s, ss->conn);
-        if (n) {
+        if (more) {
             ss_set(ss, ev);
             return ev ? 0 : -1;
         }
     }
     /* done: the results are final, no lock needed */
+    const srv_choice *ch = &r->ch[ss->k];
     char *a = r->err_status ? srv_error_sse(r->err, r->err_code)
-                            : srv_chunk_sse(c, r, NULL, 0, r->finish, 0);
+                            : srv_chunk_sse(c, r, ss->k, NULL, 0, NULL, 0,
+                                            ch->finish ? ch->finish : r->finish, 0);
     char *u = !r->err_status && r->include_usage ? srv_usage_sse(c, r, r->n_gen) : NULL;
     static const char done[] = "data: [DONE]\n\n";
     size_t na = a ? strlen(a) : 0, nu = u ? strlen(u) : 0;

@@ -22,6 +22,8 @@ srv_req *srv_req_new(void)
         return NULL;
     }
     r->refs = 1;
+    r->n = 1;
+    r->n_choices = 1;
     r->finish = "stop";
     r->gen.stops = (const char *const *)r->stops;
     return r;
@@ -31,8 +33,15 @@ void srv_req_free(srv_req *r)
 {
     for (size_t i = 0; i < SRV_MAX_STOPS; i++)
         free(r->stops[i]);
-    free(r->prompt);
-    free(r->text);
+    for (int i = 0; i < r->n_prompts; i++)
+        free(r->prompts[i]);
+    for (int i = 0; r->ch && i < r->n_choices; i++) {
+        free(r->ch[i].text);
+        free(r->ch[i].lp);
+    }
+    free(r->ch);
+    free(r->bias_ids);
+    free(r->bias_vals);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -85,7 +94,7 @@ static void publish(srv_sched *sc)
         srv_slot_info *in = &sc->info[i];
         in->state = sl->state;
         in->n_cached = sl->sess ? sl->sess->seq->pos : 0;
-        in->n_prompt = sl->req ? sl->req->n_prompt : 0;
+        in->n_prompt = sl->req ? sl->req->n_prompt_of[sl->req->cur / sl->req->n] : 0;
         in->n_gen = sl->gr ? mx_gen_req_stats(sl->gr)->n_gen : 0;
         snprintf(in->req_id, sizeof in->req_id, "%s", sl->req ? sl->req->id : "");
     }
@@ -113,61 +122,96 @@ int srv_sched_submit(srv_sched *sc, srv_req *r)
     return 0;
 }
 
-/* Text for a request, appended under the lock; waiters are woken.  Returns
- * 1 when the client has gone away (the generation is then cancelled). */
+/* Appends a token's log-probabilities to the choice; -1 when out of memory. */
+static int add_logprob(srv_choice *ch, const mx_token_logprob *lp)
+{
+    if (ch->n_lp == ch->cap_lp) {
+        int cap = ch->cap_lp ? 2 * ch->cap_lp : 16;
+        srv_lp *p = realloc(ch->lp, sizeof *p * (size_t)cap);
+        if (!p)
+            return -1;
+        ch->lp = p;
+        ch->cap_lp = cap;
+    }
+    ch->lp[ch->n_lp].lp = *lp;
+    ch->lp[ch->n_lp].off = ch->len;
+    ch->n_lp++;
+    return 0;
+}
+
+static int add_text(srv_choice *ch, const char *text, size_t len)
+{
+    if (ch->len + len + 1 > ch->cap) {
+        size_t cap = ch->cap ? ch->cap : 256;
+        while (cap < ch->len + len + 1)
+            cap *= 2;
+        char *p = realloc(ch->text, cap);
+        if (!p)
+            return -1;
+        ch->text = p;
+        ch->cap = cap;
+    }
+    memcpy(ch->text + ch->len, text, len);
+    ch->len += len;
+    ch->text[ch->len] = 0;
+    return 0;
+}
+
+/* Text (and log-probabilities) of the current choice, appended under the
+ * lock; waiters are woken.  Returns 1 when the client has gone away (the
+ * generation is then cancelled). */
 static int on_text(void *ud, int32_t id, const char *text, size_t len)
 {
     srv_slot *sl = ud;
     srv_req *r = sl->req;
     pthread_mutex_t *mu = &sl->owner->mu;
-    (void)id;
+    const mx_token_logprob *lp = id >= 0 ? mx_gen_req_logprob(sl->gr) : NULL;
     pthread_mutex_lock(mu);
+    srv_choice *ch = &r->ch[r->cur];
     int cancel = r->cancelled;
-    if (!cancel && len) {
-        if (r->len + len + 1 > r->cap) {
-            size_t cap = r->cap ? r->cap : 256;
-            while (cap < r->len + len + 1)
-                cap *= 2;
-            char *p = realloc(r->text, cap);
-            if (!p) {
-                cancel = 1;
-                r->err_status = 500;
-                snprintf(r->err, sizeof r->err, "out of memory");
-            } else {
-                r->text = p;
-                r->cap = cap;
-            }
-        }
-        if (!cancel) {
-            memcpy(r->text + r->len, text, len);
-            r->len += len;
-            r->text[r->len] = 0;
-            pthread_cond_broadcast(&r->cv);
-        }
+    if (!cancel && ((lp && add_logprob(ch, lp)) || (len && add_text(ch, text, len)))) {
+        cancel = 1;
+        r->err_status = 500;
+        snprintf(r->err, sizeof r->err, "out of memory");
     }
+    if (!cancel && (len || lp))
+        pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(mu);
     return cancel;
 }
 
 /* Ends the slot's request: results under the lock, waiters woken, the slot
  * freed (its session and cache stay for the next request). */
+/* Records the current choice's results (under mu).  The first choice of
+ * each prompt counts its prompt (later ones find it cached). */
+static void choice_results(srv_sched *sc, srv_req *r, const mx_gen_stats *st)
+{
+    srv_choice *ch = &r->ch[r->cur];
+    ch->n_gen = st->n_gen;
+    ch->finish = st->finish;
+    ch->done = 1;
+    r->n_gen += st->n_gen;
+    r->finish = st->finish;
+    int first = r->cur % r->n == 0;
+    if (first)
+        r->n_cached += st->n_cached;
+    sc->totals.prompt_tokens += (unsigned long long)(st->n_prompt - st->n_cached);
+    if (first)
+        sc->totals.cached_tokens += (unsigned long long)st->n_cached;
+    sc->totals.gen_tokens += (unsigned long long)st->n_gen;
+    sc->totals.t_prefill += st->t_prefill;
+    sc->totals.t_decode += st->t_decode > 0 ? st->t_decode : 0;
+}
+
 static void slot_finish(srv_sched *sc, srv_slot *sl, int status, const char *code,
                         const char *msg)
 {
     srv_req *r = sl->req;
     const mx_gen_stats *st = sl->gr ? mx_gen_req_stats(sl->gr) : NULL;
     pthread_mutex_lock(&sc->mu);
-    if (st) {
-        r->n_gen = st->n_gen;
-        r->n_cached = st->n_cached;
-        r->finish = st->finish;
-        sc->totals.requests++;
-        sc->totals.prompt_tokens += (unsigned long long)(st->n_prompt - st->n_cached);
-        sc->totals.cached_tokens += (unsigned long long)st->n_cached;
-        sc->totals.gen_tokens += (unsigned long long)st->n_gen;
-        sc->totals.t_prefill += st->t_prefill;
-        sc->totals.t_decode += st->t_decode > 0 ? st->t_decode : 0;
-    }
+    if (st && !r->ch[r->cur].done)
+        choice_results(sc, r, st);
+    sc->totals.requests++;
     if (r->cancelled && !status)
         r->finish = "cancelled";
     if (status && !r->err_status) {
@@ -206,8 +250,9 @@ static int common_prefix(const mx_session *s, const srv_req *r)
 {
     if (!s)
         return 0;
-    int n = 0;
-    while (n < s->seq->pos && n < r->n_prompt - 1 && s->ids[n] == r->prompt[n])
+    const int32_t *p = r->prompts[r->cur / r->n];
+    int np = r->n_prompt_of[r->cur / r->n], n = 0;
+    while (n < s->seq->pos && n < np - 1 && s->ids[n] == p[n])
         n++;
     return n;
 }
@@ -229,6 +274,28 @@ static int pick_slot(srv_sched *sc, const srv_req *r)
     return best;
 }
 
+/* Sets up the generation of the request's current choice in the slot.
+ * The choices of a request run one after another in the same slot, so the
+ * second and later choices of a prompt find it in the cache: the prompt is
+ * prefilled once. */
+static void start_choice(srv_sched *sc, srv_slot *sl)
+{
+    srv_req *r = sl->req;
+    mx_err e = {0};
+    mx_gen_opts o = r->gen;
+    o.sample.seed += (uint64_t)r->cur;
+    int p = r->cur / r->n;
+    sl->state = SLOT_PREFILL;
+    if (mx_gen_req_new(sc->g, sl->sess, r->prompts[p], r->n_prompt_of[p], &o, on_text, sl, &sl->gr,
+                       &e)) {
+        slot_finish(sc, sl, e.code == MX_ENOMEM ? 500 : 400, NULL, e.msg);
+        return;
+    }
+    /* keep the cached prefix, drop the rest */
+    sl->pf_pos = common_prefix(sl->sess, r);
+    sl->sess->seq->pos = sl->pf_pos;
+}
+
 static void admit(srv_sched *sc, srv_slot *sl, srv_req *r)
 {
     mx_err e = {0};
@@ -239,14 +306,28 @@ static void admit(srv_sched *sc, srv_slot *sl, srv_req *r)
         slot_finish(sc, sl, 503, "server_busy", e.msg);
         return;
     }
-    if (mx_gen_req_new(sc->g, sl->sess, r->prompt, r->n_prompt, &r->gen, on_text, sl, &sl->gr,
-                       &e)) {
-        slot_finish(sc, sl, e.code == MX_ENOMEM ? 500 : 400, NULL, e.msg);
+    start_choice(sc, sl);
+}
+
+/* The current choice is finished: on to the next, or the request is. */
+static void choice_finish(srv_sched *sc, srv_slot *sl)
+{
+    srv_req *r = sl->req;
+    pthread_mutex_lock(&sc->mu);
+    int more = r->cur + 1 < r->n_choices && !r->cancelled && !r->err_status;
+    if (more) {
+        choice_results(sc, r, mx_gen_req_stats(sl->gr));
+        r->cur++;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&sc->mu);
+    if (!more) {
+        slot_finish(sc, sl, 0, NULL, NULL);
         return;
     }
-    /* keep the cached prefix, drop the rest */
-    sl->pf_pos = common_prefix(sl->sess, r);
-    sl->sess->seq->pos = sl->pf_pos;
+    mx_gen_req_free(sl->gr);
+    sl->gr = NULL;
+    start_choice(sc, sl);
 }
 
 /* Samples the request's next token; finishes it when done. */
@@ -258,7 +339,7 @@ static void slot_step(srv_sched *sc, srv_slot *sl)
     if (k < 0)
         slot_finish(sc, sl, 500, NULL, e.msg);
     else if (k > 0)
-        slot_finish(sc, sl, 0, NULL, NULL);
+        choice_finish(sc, sl);
     else {
         sl->next = next;
         sl->state = SLOT_DECODE;
@@ -278,15 +359,16 @@ static void prefill_one(srv_sched *sc)
         return;
     srv_req *r = sl->req;
     mx_err e = {0};
-    int left = r->n_prompt - sl->pf_pos;
+    const int32_t *prompt = r->prompts[r->cur / r->n];
+    int left = r->n_prompt_of[r->cur / r->n] - sl->pf_pos;
     if (left > sc->prefill_chunk + 1) {
         mx_session *s = sl->sess;
         int pos = s->seq->pos;
-        if (mx_forward(sc->g->model, s->seq, r->prompt + pos, sc->prefill_chunk, NULL, NULL, &e)) {
+        if (mx_forward(sc->g->model, s->seq, prompt + pos, sc->prefill_chunk, NULL, NULL, &e)) {
             slot_finish(sc, sl, 500, NULL, e.msg);
             return;
         }
-        memcpy(s->ids + pos, r->prompt + pos, sizeof *s->ids * (size_t)sc->prefill_chunk);
+        memcpy(s->ids + pos, prompt + pos, sizeof *s->ids * (size_t)sc->prefill_chunk);
         sl->pf_pos = s->seq->pos;
         return;
     }

@@ -25,7 +25,33 @@
 #define SRV_BUILD_INFO "mlxcel"
 #endif
 
+/* n (choices per prompt), prompts per completions request, and choices in
+ * all (n x prompts). */
+#define SRV_MAX_N 16
+#define SRV_MAX_PROMPTS 16
+#define SRV_MAX_CHOICES 64
+/* logit_bias entries per request */
+#define SRV_MAX_BIAS 1024
+
 enum { SRV_CHAT, SRV_COMPLETION };
+
+/* A generated token's log-probabilities, and where its text starts in the
+ * choice's text (completions' text_offset). */
+typedef struct srv_lp {
+    mx_token_logprob lp;
+    size_t off;
+} srv_lp;
+
+/* One choice of a request: its text and token log-probabilities so far. */
+typedef struct srv_choice {
+    char *text;
+    size_t len, cap;
+    srv_lp *lp;
+    int n_lp, cap_lp;
+    int n_gen;
+    const char *finish;          /* set when done */
+    int done;
+} srv_choice;
 
 /* One generation request.  The HTTP thread fills the input part and submits
  * it; after that, every field below `mu-guarded` is read and written under
@@ -35,9 +61,15 @@ typedef struct srv_req {
     /* input: written before submit, read-only afterwards */
     int kind;                    /* SRV_CHAT or SRV_COMPLETION */
     int stream, include_usage;
-    int32_t *prompt;
-    int n_prompt;
-    mx_gen_opts gen;
+    int32_t *prompts[SRV_MAX_PROMPTS];   /* completions may give several */
+    int n_prompt_of[SRV_MAX_PROMPTS];
+    int n_prompts;
+    int n_prompt;                /* prompt tokens of all prompts (usage) */
+    int n;                       /* choices per prompt; choice k has prompt k / n */
+    int n_choices;               /* n_prompts * n */
+    mx_gen_opts gen;             /* choice k samples with seed gen.sample.seed + k */
+    int32_t *bias_ids;           /* logit_bias (owned; gen.bias_* point here) */
+    float *bias_vals;
     char *stops[SRV_MAX_STOPS];
     char id[48];                 /* "chatcmpl-..." / "cmpl-..." */
     long created;
@@ -45,11 +77,11 @@ typedef struct srv_req {
     /* mu-guarded */
     int refs;
     int cancelled;               /* the client went away: stop generating */
-    int done;                    /* finished: finish or err is set */
-    char *text;                  /* generated text so far */
-    size_t len, cap;
-    int n_gen, n_cached;
-    const char *finish;          /* "stop", "length", "cancelled" */
+    int done;                    /* finished: every choice, or err is set */
+    srv_choice *ch;              /* [n_choices], generated one after another */
+    int cur;                     /* the choice being generated */
+    int n_gen, n_cached;         /* over all choices */
+    const char *finish;          /* the last choice's: "stop", "length", "cancelled" */
     int err_status;              /* nonzero: the request failed with this HTTP status */
     const char *err_code;        /* its OpenAI error code (NULL: none) */
     char err[256];
@@ -164,10 +196,11 @@ srv_req *srv_parse_generation(const srv_ctx *c, int kind, const char *body, size
                               srv_reply *rep);
 /* The non-streamed response of a finished request. */
 void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep);
-/* One SSE event "data: {...}\n\n" (malloc'ed): text (may be NULL) as the
- * delta, and finish (or NULL); role_chunk for the first chat chunk. */
-char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, const char *text, size_t len,
-                    const char *finish, int role_chunk);
+/* One SSE event "data: {...}\n\n" (malloc'ed) for choice k: text (may be
+ * NULL) as the delta, the log-probabilities lp[n_lp] of its tokens, and
+ * finish (or NULL); role_chunk for the first chat chunk of a choice. */
+char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, int k, const char *text, size_t len,
+                    const srv_lp *lp, int n_lp, const char *finish, int role_chunk);
 /* The usage-only chunk (stream_options.include_usage). */
 char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen);
 /* An error event: {"error": {message, type, code}} (code may be NULL). */

@@ -37,6 +37,13 @@ int32_t mx_tok_lookup(const mx_tokenizer *t, const char *token);
 /* 1 when id is a special added token. */
 int mx_tok_is_special(const mx_tokenizer *t, int32_t id);
 
+/* The bytes token `id` adds to decoded text (byte-level tokens may hold
+ * part of a UTF-8 character: those bytes, unrepaired; "<0xNN>" is that
+ * byte; the metaspace is a space; special tokens are their content).
+ * Writes up to cap bytes to buf and returns the full length, or -1 for an
+ * id outside the vocabulary (or out of memory). */
+int mx_tok_token_bytes(const mx_tokenizer *t, int32_t id, char *buf, size_t cap);
+
 /* Stream-safe incremental decoding: push ids one at a time; each push yields
  * only text that is final (never half a UTF-8 sequence). */
 typedef struct mx_tok_stream mx_tok_stream;
