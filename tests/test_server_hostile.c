@@ -226,7 +226,8 @@ static const char *bad_fields[] = {
     "\"max_tokens\": [1]", "\"max_tokens\": 100000000", "\"temperature\": -1",
     "\"temperature\": {}", "\"top_p\": 1.5", "\"top_k\": -2", "\"top_k\": 0.5", "\"min_p\": null, \"seed\": \"s\"",
     "\"stop\": {}", "\"stop\": [1, 2]", "\"stop\": [\"\"]", "\"stream\": 1", "\"stream_options\": 3",
-    "\"stream_options\": {\"include_usage\": \"yes\"}", "\"n\": 2", "\"model\": 7",
+    "\"stream_options\": {\"include_usage\": \"yes\"}", "\"n\": 17", "\"model\": 7",
+    "\"logit_bias\": {\"x\": 1}", "\"frequency_penalty\": 9", "\"logprobs\": \"x\"",
     "\"model\": \"no-such-model\"", "\"repeat_penalty\": 0",
     "\"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]",
 };
@@ -239,7 +240,7 @@ static const char *bad_chat[] = {
     "\"messages\": [{\"role\": \"user\", \"content\": \"\\ud800\"}]",
 };
 static const char *bad_prompt[] = {
-    "\"prompt\": null", "\"prompt\": {}", "\"prompt\": [\"a\", \"b\"]", "\"prompt\": [[1], [2]]",
+    "\"prompt\": null", "\"prompt\": {}", "\"prompt\": [\"a\", 5]", "\"prompt\": [[1], [\"a\"]]",
     "\"prompt\": [1.5]", "\"prompt\": [-1]", "\"prompt\": [1, \"a\"]", "\"prompt\": []", "\"prompt\": true",
 };
 

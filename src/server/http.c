@@ -194,8 +194,8 @@ static int next_event(stream_state *ss)
         int n_lp = ch->n_lp - ss->sent_lp;
         int more = n || n_lp;
         if (more) {
-            ev = srv_chunk_sse(c, r, ss->k, n ? ch->text + ss->sent : NULL, n, ch->lp + ss->sent_lp,
-                               n_lp, NULL, 0);
+            ev = srv_chunk_sse(c, r, ss->k, n ? ch->text + ss->sent : NULL, n,
+                               n_lp ? ch->lp + ss->sent_lp : NULL, n_lp, NULL, 0);
             ss->sent = ch->len;
             ss->sent_lp = ch->n_lp;
         } else if (ch->done && !r->err_status && ss->k + 1 < r->n_choices) {
