@@ -102,14 +102,14 @@ int main(int argc, char **argv)
             }
             double t0 = mx_now(), t1, t2;
             if (r % 2) {
-                mx_moe_fused(&ex, &ra, x, y);
+                mx_moe_fused(&ex, &ra, x, y, &err);
                 t1 = mx_now();
                 mx_moe_gather(&ex, &rb, x, 1, y, &err);
                 t2 = mx_now();
             } else {
                 mx_moe_gather(&ex, &rb, x, 1, y, &err);
                 t1 = mx_now();
-                mx_moe_fused(&ex, &ra, x, y);
+                mx_moe_fused(&ex, &ra, x, y, &err);
                 t2 = mx_now();
                 double tmp = t1 - t0;
                 t1 = t0 + (t2 - t1);

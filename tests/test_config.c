@@ -3,13 +3,26 @@
  * (rope forms, expert-count spellings, eos lists, quantization overrides)
  * and error cases that must name the field and the file. */
 #include "format/config.h"
+#include "model/family.h"
 #include "test.h"
 
 #include <unistd.h>
 
+/* Parses, then applies the config-key aliases the family table declares
+ * for the config's model_type (mixtral's, num_local_experts, when it names
+ * none), as the loader does. */
+static int aliases(mx_config *c, mx_err *e)
+{
+    const mx_family *f = mx_family_find(c->model_type[0] ? c->model_type : "mixtral");
+    return f ? mx_config_apply_aliases(c, f->aliases, e) : MX_OK;
+}
+
 static int parse(const char *json, mx_config *c, mx_err *e)
 {
-    return mx_config_parse(json, "inline.json", c, e);
+    int rc = mx_config_parse(json, "inline.json", c, e);
+    if (!rc && (rc = aliases(c, e)))
+        mx_config_free(c);
+    return rc;
 }
 
 /* Parses text that must fail with a message naming `field` and the file. */
@@ -263,6 +276,7 @@ static void load_fixture(const char *fx, const char *name, mx_config *c)
     snprintf(dir, sizeof dir, "%s/%s", fx, name);
     mx_err e = {0};
     CHECK_OK(mx_config_load(dir, c, &e), &e);
+    CHECK_OK(aliases(c, &e), &e);
 }
 
 static void test_fixtures_configs(const char *fx)

@@ -1,6 +1,7 @@
 /* test_moe.c - the MoE block on random data: routing, fused vs gather for
- * every supported quantization combination and thread count, the decline
- * rules and the MLXCEL_FUSED_MOE switch. */
+ * every supported quantization combination and thread count, jobs with a
+ * shared expert and a dense MLP against a double-precision reference, the
+ * dispatch decision and the MLXCEL_FUSED_MOE switch. */
 #include "test.h"
 
 #include <stdint.h>
@@ -48,18 +49,51 @@ static double rel_rms(const float *a, const float *b, int64_t n)
     return sqrt(num / (den + 1e-30));
 }
 
+/* A softmax top-k routing rule. */
+static mx_router softmax_rule(int k, int norm)
+{
+    return (mx_router){.kind = MX_ROUTER_SOFTMAX_TOPK, .k = k, .norm_topk = norm};
+}
+
+static void route(const float *logits, int n, int k, int norm, mx_route *r)
+{
+    mx_router rule = softmax_rule(k, norm);
+    mx_moe_route(&rule, logits, n, r);
+}
+
+/* Why the dispatch would not run one token of these experts fused (NULL
+ * when it would). */
+static const char *declines(const mx_experts *ex)
+{
+    mx_route r = {.k = ex->n};
+    for (int i = 0; i < ex->n; i++)
+        r.idx[i] = i, r.w[i] = 1.0f;
+    float x = 0, out = 0;
+    mx_moe_job j = {.ex = ex, .routes = &r, .x = &x, .T = 1, .d_model = ex->d_model, .out = &out};
+    const char *why = NULL;
+    mx_moe_choose(&j, &why);
+    return why;
+}
+
+static int run_experts(const mx_experts *ex, const mx_route *r, const float *x, int64_t T,
+                       float *out, mx_err *e)
+{
+    mx_moe_job j = {.ex = ex, .routes = r, .x = x, .T = T, .d_model = ex->d_model, .out = out};
+    return mx_moe_run(&j, e);
+}
+
 static void test_route(void)
 {
     float logits[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f};
     mx_route r;
-    mx_moe_route(logits, 6, 3, 0, &r);
+    route(logits, 6, 3, 0, &r);
     /* ties: lower index first, as torch.topk */
     CHECK(r.k == 3 && r.idx[0] == 1 && r.idx[1] == 3 && r.idx[2] == 4);
     double z = 0;
     for (int i = 0; i < 6; i++)
         z += exp(logits[i]);
     CHECK(fabs(r.w[0] - exp(2.0) / z) < 1e-6 && fabs(r.w[2] - exp(1.0) / z) < 1e-6);
-    mx_moe_route(logits, 6, 3, 1, &r);
+    route(logits, 6, 3, 1, &r);
     CHECK(fabs(r.w[0] + r.w[1] + r.w[2] - 1.0) < 1e-6);
     CHECK(fabs(r.w[0] - exp(2.0) / (2 * exp(2.0) + exp(1.0))) < 1e-6);
 }
@@ -86,11 +120,11 @@ static void fused_vs_gather(int gu_bits, int down_bits, int gs, int64_t D, int64
     for (int i = 0; i < E; i++)
         logits[i] = test_randf(&seed) * 3;
     mx_route r;
-    mx_moe_route(logits, E, k, 1, &r);
+    route(logits, E, k, 1, &r);
     mx_set_threads(threads);
-    CHECKF(mx_moe_fused_declines(&ex) == NULL, "fused declines %d/%d-bit g%d", gu_bits, down_bits, gs);
-    mx_moe_fused(&ex, &r, x, a);
+    CHECKF(declines(&ex) == NULL, "fused declines %d/%d-bit g%d", gu_bits, down_bits, gs);
     mx_err e = {0};
+    CHECK_OK(mx_moe_fused(&ex, &r, x, a, &e), &e);
     CHECK_OK(mx_moe_gather(&ex, &r, x, 1, b, &e), &e);
     double d = rel_rms(a, b, D);
     CHECKF(d < 1e-5, "fused vs gather: gate/up %d-bit, down %d-bit, g%d, D=%lld F=%lld k=%d threads=%d: rel RMS %g",
@@ -124,7 +158,7 @@ static void gather_batch(void)
         float lg[6];
         for (int i = 0; i < E; i++)
             lg[i] = test_randf(&seed);
-        mx_moe_route(lg, E, k, 0, &r[t]);
+        route(lg, E, k, 0, &r[t]);
     }
     mx_err e = {0};
     CHECK_OK(mx_moe_gather(&ex, r, x, T, all, &e), &e);
@@ -138,26 +172,26 @@ static void gather_batch(void)
     CHECKF(worst < 1e-5, "gather batch vs single: %g", worst);
     /* dispatch: T > 1 always takes gather */
     mx_moe_stats_reset();
-    CHECK_OK(mx_moe_experts(&ex, r, x, T, all, &e), &e);
-    CHECK_OK(mx_moe_experts(&ex, r, x, 1, all, &e), &e);
+    CHECK_OK(run_experts(&ex, r, x, T, all, &e), &e);
+    CHECK_OK(run_experts(&ex, r, x, 1, all, &e), &e);
     mx_moe_stats st;
     mx_moe_stats_get(&st);
     CHECKF(st.gather == 1 && st.fused == 1, "dispatch fused=%ld gather=%ld", st.fused, st.gather);
     /* MLXCEL_FUSED_MOE_MAX_DFF below d_ff makes the fused path decline */
     setenv("MLXCEL_FUSED_MOE_MAX_DFF", "32", 1);
     mx_moe_env_reload();
-    CHECK(mx_moe_fused_declines(&ex) != NULL);
+    CHECK(declines(&ex) != NULL);
     mx_moe_stats_reset();
-    CHECK_OK(mx_moe_experts(&ex, r, x, 1, all, &e), &e);
+    CHECK_OK(run_experts(&ex, r, x, 1, all, &e), &e);
     mx_moe_stats_get(&st);
     CHECK(st.gather == 1 && st.fused == 0);
     unsetenv("MLXCEL_FUSED_MOE_MAX_DFF");
     mx_moe_env_reload();
-    CHECK(mx_moe_fused_declines(&ex) == NULL);
+    CHECK(declines(&ex) == NULL);
     /* unquantized experts: declines */
     mx_linear saved = ex.up[3];
     ex.up[3].quantized = 0;
-    CHECK(mx_moe_fused_declines(&ex) != NULL);
+    CHECK(declines(&ex) != NULL);
     ex.up[3] = saved;
     for (int i = 0; i < 18; i++)
         free_q(&bufs[i]);
@@ -207,7 +241,7 @@ static void gather_reference(int quantized, int threads)
         float lg[5];
         for (int i = 0; i < E; i++)   /* expert 0 wins often: > 16 tokens */
             lg[i] = test_randf(&seed) + (i == 0 ? 2.0f : i == 4 ? -3.0f : 0.0f);
-        mx_moe_route(lg, E, k, 1, &r[t]);
+        route(lg, E, k, 1, &r[t]);
     }
     mx_set_threads(threads);
     mx_err e = {0};

@@ -553,7 +553,8 @@ static void check_preset_files(const char *preset)
     fprintf(stderr, "%s: files in %.2f s, tokenizer loads in %.2f s\n", preset, t1 - t0,
             mx_now() - t1);
     if (crc == MX_OK) {
-        CHECK(!strcmp(c.model_type, plan.p->model_type));
+        CHECK(!strcmp(c.model_type, plan.fam->model_type));
+        CHECK_OK(mx_config_apply_aliases(&c, plan.fam->aliases, &e), &e);
         CHECK(c.vocab_size == plan.p->vocab && c.hidden_size == plan.p->hidden);
         CHECK(c.num_hidden_layers == plan.p->layers && c.num_experts == plan.p->experts);
         CHECK(c.num_experts_per_tok == plan.p->top_k);
@@ -702,9 +703,9 @@ int main(void)
         run_variant(&variants[i]);
     check_shards();
     check_big_plans();
-    size_t np;
-    const mx_synth_preset *ps = mx_synth_presets(&np);
-    for (size_t i = 0; i < np; i++)
-        check_preset_files(ps[i].name);
+    const mx_family *fam;
+    for (int f = 0; (fam = mx_family_at(f)); f++)
+        for (const mx_preset *p = fam->presets; p && p->name; p++)
+            check_preset_files(p->name);
     return test_summary();
 }

@@ -127,7 +127,13 @@ int cmd_inspect(int argc, char **argv)
             qadd(&c[C_SHARED], &L->moe.shared.down), qadd(&c[C_SHARED_GATE], &L->moe.shared_gate);
         }
     }
-    const char *layout = stacked < 0 ? "none (dense)" : stacked ? "stacked (switch_mlp)" : "per-expert (experts.{e})";
+    char layout[96];
+    if (stacked < 0)
+        snprintf(layout, sizeof layout, "none (dense)");
+    else if (stacked)
+        snprintf(layout, sizeof layout, "stacked (%s)", m->fam->names.stacked);
+    else
+        snprintf(layout, sizeof layout, "per-expert (%s)", m->fam->names.per_expert);
     uint64_t params = mx_model_param_count(m), wbytes = mx_model_weight_bytes(m),
              disk = mx_st_file_bytes(m->st), active = mx_model_active_bytes(m),
              kv = mx_model_kv_bytes(m, (int)ctx);

@@ -37,7 +37,7 @@ static void usage(FILE *f, const mx_synth_opts *o)
         "  --bits B               2, 3, 4, 5, 6 or 8 (default 4; routers stay 8-bit)\n"
         "  --group-size G         32, 64 or 128 (default 64)\n"
         "  --scale-dtype T        f16, bf16 or f32 (default: the model's torch_dtype)\n"
-        "  --layout L             per-expert (experts.{e}.*) or stacked (switch_mlp.*)\n"
+        "  --layout L             per-expert (one tensor per expert) or stacked (one per projection)\n"
         "  --seed S               random seed (default 0)\n"
         "  --shard-gb N           max shard size in GB (default 5, fractions allowed)\n"
         "  --shard-mb N           max shard size in MB (for small tests)\n"
@@ -46,10 +46,9 @@ static void usage(FILE *f, const mx_synth_opts *o)
     uint64_t ram = phys_ram_bytes();
     fprintf(f, "presets (size on disk at %d-bit, group %d; this machine has %.1f GiB RAM):\n",
             o->bits, o->group_size, (double)ram / (double)(1ull << 30));
-    size_t n;
-    const mx_synth_preset *ps = mx_synth_presets(&n);
-    for (size_t i = 0; i < n; i++) {
-        const mx_synth_preset *p = &ps[i];
+    const mx_family *fam;
+    for (int fi = 0; (fam = mx_family_at(fi)); fi++)
+    for (const mx_preset *p = fam->presets; p && p->name; p++) {
         mx_synth_opts po = *o;
         po.preset = p->name;
         mx_synth_plan plan;
@@ -71,7 +70,7 @@ static void usage(FILE *f, const mx_synth_opts *o)
         fprintf(f, "  %-18s %s\n", p->name, p->about);
         fprintf(f, "  %-18s %s, vocab %d, hidden %d, %d layers, %d/%d heads (dim %d), "
                    "%d experts top-%d, expert width %d",
-                "", p->model_type, p->vocab, p->hidden, p->layers, p->heads, p->kv_heads,
+                "", fam->model_type, p->vocab, p->hidden, p->layers, p->heads, p->kv_heads,
                 p->head_dim, p->experts, p->top_k, p->moe_intermediate);
         if (p->shared_intermediate)
             fprintf(f, ", shared expert %d", p->shared_intermediate);
@@ -201,12 +200,12 @@ int cmd_synth(int argc, char **argv)
         usage(stderr, &o);
         return 2;
     }
-    if (!mx_synth_find_preset(preset)) {
+    if (!mx_preset_find(preset, NULL)) {
         fprintf(stderr, "mlxcel synth: unknown preset '%s'; presets:", preset);
-        size_t n;
-        const mx_synth_preset *ps = mx_synth_presets(&n);
-        for (size_t i = 0; i < n; i++)
-            fprintf(stderr, " %s", ps[i].name);
+        const mx_family *fam;
+        for (int fi = 0; (fam = mx_family_at(fi)); fi++)
+            for (const mx_preset *p = fam->presets; p && p->name; p++)
+                fprintf(stderr, " %s", p->name);
         fprintf(stderr, "\n");
         return 2;
     }

@@ -369,22 +369,26 @@ static void config_init(mx_config *c)
     strcpy(c->rope_type, "default");
 }
 
+/* The integer and boolean fields, by key. */
+typedef struct field {
+    const char *key;
+    size_t off;
+} field;
+#define F(k) {#k, offsetof(mx_config, k)}
+static const field counts[] = {
+    F(vocab_size), F(hidden_size), F(intermediate_size), F(num_hidden_layers),
+    F(num_attention_heads), F(num_key_value_heads), F(head_dim),
+    F(max_position_embeddings), F(max_window_layers), F(num_experts_per_tok),
+    F(moe_intermediate_size), F(shared_expert_intermediate_size),
+    F(decoder_sparse_step), F(num_experts),
+};
+static const field bools[] = {
+    F(tie_word_embeddings), F(attention_bias), F(use_sliding_window), F(norm_topk_prob),
+};
+#undef F
+
 static int parse_fields(const cJSON *o, const char *path, mx_config *c, mx_err *e)
 {
-    static const struct {
-        const char *key;
-        size_t off;
-    } counts[] = {
-#define F(k) {#k, offsetof(mx_config, k)}
-        F(vocab_size), F(hidden_size), F(intermediate_size), F(num_hidden_layers),
-        F(num_attention_heads), F(num_key_value_heads), F(head_dim),
-        F(max_position_embeddings), F(max_window_layers), F(num_experts_per_tok),
-        F(moe_intermediate_size), F(shared_expert_intermediate_size),
-        F(decoder_sparse_step),
-    }, bools[] = {
-        F(tie_word_embeddings), F(attention_bias), F(use_sliding_window), F(norm_topk_prob),
-#undef F
-    };
     int rc = MX_OK;
     for (size_t i = 0; i < sizeof counts / sizeof counts[0] && !rc; i++)
         rc = get_count(o, counts[i].key, path, (int *)((char *)c + counts[i].off), e);
@@ -404,10 +408,6 @@ static int parse_fields(const cJSON *o, const char *path, mx_config *c, mx_err *
         rc = get_rope(o, path, c, e);
     if (!rc)
         rc = get_window(o, path, c, e);
-    if (!rc)
-        rc = get_count(o, "num_experts", path, &c->num_experts, e);
-    if (!rc && c->num_experts == MX_UNSET)
-        rc = get_count(o, "num_local_experts", path, &c->num_experts, e);
     if (!rc)
         rc = get_mlp_only(o, path, c, e);
     if (!rc)
@@ -433,7 +433,8 @@ int mx_config_parse(const char *json, const char *path, mx_config *c, mx_err *e)
     if (rc)
         return rc;
     rc = parse_fields(root, path, c, e);
-    cJSON_Delete(root);
+    c->json = root;
+    snprintf(c->path, sizeof c->path, "%s", path);
     if (rc) {
         /* Leave c freeable and free of half-parsed state. */
         mx_config_free(c);
@@ -516,6 +517,8 @@ void mx_config_free(mx_config *c)
 {
     if (!c)
         return;
+    cJSON_Delete(c->json);
+    c->json = NULL;
     for (int i = 0; i < c->quant.n_overrides; i++)
         free(c->quant.overrides[i].module);
     free(c->quant.overrides);
@@ -538,4 +541,26 @@ int mx_quant_for(const mx_quant_config *q, const char *module, int *bits, int *g
     *bits = ov ? ov->bits : q->bits;
     *group_size = ov ? ov->group_size : q->group_size;
     return *bits > 0;
+}
+
+int mx_config_apply_aliases(mx_config *c, const mx_config_alias *aliases, mx_err *e)
+{
+    for (const mx_config_alias *a = aliases; a && a->key; a++) {
+        int *dst = NULL, is_bool = 0;
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+            if (!strcmp(counts[i].key, a->key))
+                dst = (int *)(void *)((char *)c + counts[i].off);
+        for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++)
+            if (!strcmp(bools[i].key, a->key))
+                dst = (int *)(void *)((char *)c + bools[i].off), is_bool = 1;
+        if (!dst)
+            return mx_fail(e, MX_EINVAL, "config alias for unknown key '%s'", a->key);
+        if (*dst != MX_UNSET || !c->json)
+            continue;
+        int rc = is_bool ? get_bool(c->json, a->alias, c->path, dst, e)
+                         : get_count(c->json, a->alias, c->path, dst, e);
+        if (rc)
+            return rc;
+    }
+    return MX_OK;
 }

@@ -43,7 +43,7 @@ typedef struct mx_config {
     /* sliding window: -1 absent, 0 null/disabled, else size */
     int sliding_window, use_sliding_window, max_window_layers;
     /* MoE */
-    int num_experts;           /* num_experts or num_local_experts */
+    int num_experts;           /* num_experts (a family may alias it) */
     int num_experts_per_tok, moe_intermediate_size;
     int shared_expert_intermediate_size;
     int decoder_sparse_step, norm_topk_prob;
@@ -54,6 +54,10 @@ typedef struct mx_config {
     int n_eos;
     int eos_token_ids[MX_MAX_EOS];
     mx_quant_config quant;
+    /* the parsed config.json, for the keys a family reads itself
+     * (mx_config_apply_aliases); owned, freed by mx_config_free */
+    struct cJSON *json;
+    char path[256];
 } mx_config;
 
 /* Parses a config.json text.  `path` is used in messages. */
@@ -63,6 +67,17 @@ int mx_config_load(const char *dir, mx_config *c, mx_err *e);
 /* Merges generation_config.json text (eos ids, bos) into c. */
 int mx_config_parse_generation(const char *json, const char *path, mx_config *c, mx_err *e);
 void mx_config_free(mx_config *c);
+
+/* A config key that a family's config.json spells differently. */
+typedef struct mx_config_alias {
+    const char *key, *alias;   /* e.g. {"num_experts", "num_local_experts"} */
+} mx_config_alias;
+
+/* For each alias (a list ended by {NULL, NULL}; NULL for none): when the
+ * field of `key` was left unset and config.json has `alias`, reads it from
+ * there with the checks `key` gets.  Only the integer and boolean fields
+ * can be aliased (an unknown key is a programming error: MX_EINVAL). */
+int mx_config_apply_aliases(mx_config *c, const mx_config_alias *aliases, mx_err *e);
 
 /* The quantization for a module path ("model.layers.3.mlp.gate"):
  * the override when one names it, else the defaults.  Returns 1 if the module

@@ -11,17 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/dtype.h"
 #include "util/err.h"
-
-typedef enum mx_dtype {
-    MX_F32, MX_F16, MX_BF16, MX_U32, MX_I32, MX_I64, MX_U8, MX_I8, MX_BOOL,
-    MX_DTYPE_COUNT
-} mx_dtype;
-
-const char *mx_dtype_name(mx_dtype t);   /* "F32", "BF16", ... */
-size_t mx_dtype_size(mx_dtype t);        /* bytes per element */
-/* Parses a safetensors dtype string; returns 0 and sets *t, or -1. */
-int mx_dtype_parse(const char *s, mx_dtype *t);
 
 #define MX_MAX_DIMS 8
 

@@ -1,34 +1,97 @@
 /* family.h - model families as data plus small hooks.
  *
- * A family says how its config is defaulted and how its tensors are named;
- * the forward pass is shared.  Adding a family = one family_*.c file with an
- * mx_family definition + one row in the table in family.c. */
+ * Everything that differs between families is here: config defaults and
+ * key aliases, tensor names, the attention and routing variants the shared
+ * forward pass selects, and the synth presets with the real models' shapes.
+ * The forward pass (forward.c), the loader (load.c) and synth read only
+ * this table, so no family name and no tensor-name literal appears outside
+ * family.c and the family_*.c files.
+ *
+ * Adding a family = one family_*.c file defining an mx_family + one row in
+ * the table in family.c (docs/architecture.md has the checklist). */
 #ifndef MX_FAMILY_H
 #define MX_FAMILY_H
 
 #include "format/config.h"
+#include "moe/moe.h"
 
+struct cJSON;
+
+/* Where q_norm / k_norm apply. */
 typedef enum mx_qk_norm {
     MX_QK_NORM_NONE,
-    MX_QK_NORM_HEAD,   /* Qwen3: RMSNorm over each head's head_dim */
-    MX_QK_NORM_FULL,   /* OLMoE: RMSNorm over the whole q / k projection */
+    MX_QK_NORM_HEAD,   /* RMSNorm over each head's head_dim (Qwen3) */
+    MX_QK_NORM_FULL,   /* RMSNorm over the whole q / k projection, before the head split (OLMoE) */
 } mx_qk_norm;
+
+/* How a family names its tensors.  Each field is one path component (or a
+ * printf template where noted); a NULL field takes the default in
+ * parentheses, the names transformers' Llama-style models use. */
+typedef struct mx_names {
+    const char *model;             /* prefix of everything but lm_head ("model") */
+    const char *embed;             /* ("embed_tokens") */
+    const char *final_norm;        /* ("norm") */
+    const char *lm_head;           /* ("lm_head") */
+    const char *layer;             /* template with the layer index ("layers.%d") */
+    const char *attn_norm;         /* ("input_layernorm") */
+    const char *ffn_norm;          /* ("post_attention_layernorm") */
+    const char *attn;              /* ("self_attn") */
+    const char *attn_proj[4];      /* q, k, v, o ("q_proj", "k_proj", "v_proj", "o_proj") */
+    const char *qk_norm[2];        /* ("q_norm", "k_norm") */
+    const char *mlp;               /* a dense layer's MLP ("mlp") */
+    const char *moe;               /* an MoE layer's block ("mlp") */
+    const char *router;            /* in the block ("gate") */
+    const char *stacked;           /* experts stacked [E, out, in] ("switch_mlp") */
+    const char *stacked_proj[3];   /* its gate, up, down ("gate_proj", "up_proj", "down_proj") */
+    const char *per_expert;        /* template with the expert index ("experts.%d") */
+    const char *expert_proj[3];    /* gate, up, down of one expert (as stacked_proj) */
+    const char *mlp_proj[3];       /* gate, up, down of an MLP / shared expert (same defaults) */
+    const char *shared;            /* the shared expert ("shared_expert") */
+    const char *shared_gate;       /* its sigmoid gate ("shared_expert_gate") */
+} mx_names;
+
+/* A published architecture's shape, for `mlxcel synth`. */
+typedef struct mx_preset {
+    const char *name;
+    const char *about;             /* one line for --help */
+    int vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;
+    int experts, top_k, moe_intermediate, shared_intermediate;   /* 0: no shared expert */
+    double rope_theta, rms_eps;
+    int qkv_bias, norm_topk_prob, tied;
+    int max_position;
+    mx_dtype dtype;                /* torch_dtype: norms, biases, default scales */
+    int stacked;                   /* default expert layout: 1 stacked, 0 per expert */
+    int chatml_specials;           /* 1: <|endoftext|> <|im_start|> <|im_end|>; 0: <s> </s> */
+    int qwen_tokenizer;            /* 1: NFC + the Qwen2 split; 0: GPT-2 byte level */
+} mx_preset;
 
 struct mx_family {
     const char *model_type;
-    /* Fills the fields config.json left unset with HF transformers' defaults
-     * for this family. */
+    const char *architecture;      /* config.json architectures[0] */
+    /* Fills the fields config.json left unset with HF transformers'
+     * defaults for this family. */
     void (*apply_defaults)(mx_config *c);
+    const mx_config_alias *aliases;   /* NULL-terminated; may be NULL */
+    mx_names names;
+    /* variants the shared forward pass selects */
     mx_qk_norm qk_norm;
-    const char *moe_block;        /* "mlp" or "block_sparse_moe" */
-    const char *expert_proj[3];   /* per-expert names: gate, up, down */
-    int shared_expert;            /* may have mlp.shared_expert (+ gate) */
+    mx_router_kind router;
+    int shared_expert;             /* may have a gated shared expert */
+    /* synth: presets (NULL-terminated by name) and the family's own
+     * config.json keys */
+    const mx_preset *presets;
+    void (*synth_config)(const mx_preset *p, struct cJSON *config);
 };
+typedef struct mx_family mx_family;
 
-/* The family for a model_type, or NULL. */
-const struct mx_family *mx_family_find(const char *model_type);
-/* "qwen2_moe, qwen3_moe, mixtral, olmoe" */
+/* The family for a model_type (names resolved: no NULL field), or NULL. */
+const mx_family *mx_family_find(const char *model_type);
+/* The supported model types, comma separated ("qwen2_moe, qwen3_moe, ..."). */
 const char *mx_family_list(void);
+/* The i-th family of the table (names resolved), NULL past the end. */
+const mx_family *mx_family_at(int i);
+/* A preset by name and its family, or NULL. */
+const mx_preset *mx_preset_find(const char *name, const mx_family **fam);
 
 /* Sets v to d when it is MX_UNSET (helpers for the defaults hooks). */
 static inline void mx_default_int(int *v, int d) { if (*v == MX_UNSET) *v = d; }

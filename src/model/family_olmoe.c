@@ -1,6 +1,8 @@
 /* family_olmoe.c - OLMoE (OlmoeForCausalLM): q_norm / k_norm over the full
  * projected width before the head split, softmax top-k not renormalised by
  * default, optional clip_qkv. */
+#include <cjson/cJSON.h>
+
 #include "model/family.h"
 
 static void defaults(mx_config *c)
@@ -24,10 +26,32 @@ static void defaults(mx_config *c)
     mx_default_int(&c->decoder_sparse_step, 1);
 }
 
-const struct mx_family mx_family_olmoe = {
+static void synth_config(const mx_preset *p, cJSON *c)
+{
+    cJSON_AddNumberToObject(c, "num_experts", p->experts);
+    cJSON_AddBoolToObject(c, "norm_topk_prob", p->norm_topk_prob);
+    cJSON_AddNullToObject(c, "clip_qkv");
+    cJSON_AddBoolToObject(c, "attention_bias", 0);
+}
+
+static const mx_preset presets[] = {
+    {
+        .name = "olmoe-1b-7b", .about = "OLMoE-1B-7B: 64 experts top-8, full-width q/k norms",
+        .vocab = 50304, .hidden = 2048, .intermediate = 1024, .layers = 16, .heads = 16,
+        .kv_heads = 16, .head_dim = 128, .experts = 64, .top_k = 8, .moe_intermediate = 1024,
+        .shared_intermediate = 0, .rope_theta = 10000.0, .rms_eps = 1e-5, .qkv_bias = 0,
+        .norm_topk_prob = 0, .tied = 0, .max_position = 4096, .dtype = MX_BF16, .stacked = 1,
+        .chatml_specials = 1, .qwen_tokenizer = 0,
+    },
+    {0},
+};
+
+const mx_family mx_family_olmoe = {
     .model_type = "olmoe",
+    .architecture = "OlmoeForCausalLM",
     .apply_defaults = defaults,
     .qk_norm = MX_QK_NORM_FULL,
-    .moe_block = "mlp",
-    .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+    .router = MX_ROUTER_SOFTMAX_TOPK,
+    .presets = presets,
+    .synth_config = synth_config,
 };

@@ -1,6 +1,8 @@
 /* family_qwen2_moe.c - Qwen1.5-MoE / Qwen2-MoE (Qwen2MoeForCausalLM).
- * q/k/v with bias, shared expert with a sigmoid gate, softmax top-k routing
- * renormalised only when norm_topk_prob. */
+ * q/k/v with bias, a shared expert with a sigmoid gate, softmax top-k
+ * routing renormalised only when norm_topk_prob; the default names. */
+#include <cjson/cJSON.h>
+
 #include "model/family.h"
 
 static void defaults(mx_config *c)
@@ -25,11 +27,46 @@ static void defaults(mx_config *c)
     mx_default_int(&c->use_sliding_window, 0);
 }
 
-const struct mx_family mx_family_qwen2_moe = {
+static void synth_config(const mx_preset *p, cJSON *c)
+{
+    cJSON_AddNumberToObject(c, "num_experts", p->experts);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", p->moe_intermediate);
+    cJSON_AddNumberToObject(c, "shared_expert_intermediate_size", p->shared_intermediate);
+    cJSON_AddNumberToObject(c, "decoder_sparse_step", 1);
+    cJSON_AddArrayToObject(c, "mlp_only_layers");
+    cJSON_AddBoolToObject(c, "norm_topk_prob", p->norm_topk_prob);
+    cJSON_AddBoolToObject(c, "use_sliding_window", 0);
+    cJSON_AddNullToObject(c, "sliding_window");
+    cJSON_AddNumberToObject(c, "max_window_layers", p->layers);
+}
+
+static const mx_preset presets[] = {
+    {
+        .name = "tiny", .about = "qwen2_moe miniature for tests and speed work (a few MB)",
+        .vocab = 512, .hidden = 128, .intermediate = 256, .layers = 2, .heads = 4,
+        .kv_heads = 2, .head_dim = 32, .experts = 8, .top_k = 2, .moe_intermediate = 128,
+        .shared_intermediate = 256, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 1,
+        .norm_topk_prob = 0, .tied = 0, .max_position = 4096, .dtype = MX_BF16, .stacked = 0,
+        .chatml_specials = 1, .qwen_tokenizer = 1,
+    },
+    {
+        .name = "qwen1.5-moe-a2.7b", .about = "Qwen1.5-MoE-A2.7B(-Chat): 60 experts top-4 + shared expert",
+        .vocab = 151936, .hidden = 2048, .intermediate = 5632, .layers = 24, .heads = 16,
+        .kv_heads = 16, .head_dim = 128, .experts = 60, .top_k = 4, .moe_intermediate = 1408,
+        .shared_intermediate = 5632, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 1,
+        .norm_topk_prob = 0, .tied = 0, .max_position = 8192, .dtype = MX_F16, .stacked = 0,
+        .chatml_specials = 1, .qwen_tokenizer = 1,
+    },
+    {0},
+};
+
+const mx_family mx_family_qwen2_moe = {
     .model_type = "qwen2_moe",
+    .architecture = "Qwen2MoeForCausalLM",
     .apply_defaults = defaults,
     .qk_norm = MX_QK_NORM_NONE,
-    .moe_block = "mlp",
-    .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+    .router = MX_ROUTER_SOFTMAX_TOPK,
     .shared_expert = 1,
+    .presets = presets,
+    .synth_config = synth_config,
 };

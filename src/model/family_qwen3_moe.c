@@ -1,5 +1,7 @@
 /* family_qwen3_moe.c - Qwen3-MoE (Qwen3MoeForCausalLM): per-head q_norm /
  * k_norm before RoPE, explicit head_dim, no bias, no shared expert. */
+#include <cjson/cJSON.h>
+
 #include "model/family.h"
 
 static void defaults(mx_config *c)
@@ -24,10 +26,37 @@ static void defaults(mx_config *c)
     mx_default_int(&c->shared_expert_intermediate_size, 0);
 }
 
-const struct mx_family mx_family_qwen3_moe = {
+static void synth_config(const mx_preset *p, cJSON *c)
+{
+    cJSON_AddNumberToObject(c, "num_experts", p->experts);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", p->moe_intermediate);
+    cJSON_AddNumberToObject(c, "decoder_sparse_step", 1);
+    cJSON_AddArrayToObject(c, "mlp_only_layers");
+    cJSON_AddBoolToObject(c, "norm_topk_prob", p->norm_topk_prob);
+    cJSON_AddBoolToObject(c, "use_sliding_window", 0);
+    cJSON_AddNullToObject(c, "sliding_window");
+    cJSON_AddNumberToObject(c, "max_window_layers", p->layers);
+    cJSON_AddBoolToObject(c, "attention_bias", 0);
+}
+
+static const mx_preset presets[] = {
+    {
+        .name = "qwen3-30b-a3b", .about = "Qwen3-30B-A3B: 128 experts top-8, per-head q/k norms",
+        .vocab = 151936, .hidden = 2048, .intermediate = 6144, .layers = 48, .heads = 32,
+        .kv_heads = 4, .head_dim = 128, .experts = 128, .top_k = 8, .moe_intermediate = 768,
+        .shared_intermediate = 0, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 0,
+        .norm_topk_prob = 1, .tied = 0, .max_position = 40960, .dtype = MX_BF16, .stacked = 1,
+        .chatml_specials = 1, .qwen_tokenizer = 1,
+    },
+    {0},
+};
+
+const mx_family mx_family_qwen3_moe = {
     .model_type = "qwen3_moe",
+    .architecture = "Qwen3MoeForCausalLM",
     .apply_defaults = defaults,
     .qk_norm = MX_QK_NORM_HEAD,
-    .moe_block = "mlp",
-    .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+    .router = MX_ROUTER_SOFTMAX_TOPK,
+    .presets = presets,
+    .synth_config = synth_config,
 };

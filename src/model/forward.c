@@ -1,15 +1,40 @@
 /* forward.c - the forward pass: tokens in, logits out.
  *
- *   x = embed(tokens)
- *   for each layer:  x += attention(rmsnorm(x))     attention_block()
- *                    x += ffn(rmsnorm(x))            ffn_block(): MoE or MLP
- *   logits = lm_head(rmsnorm(x))
+ *   x = embed(tokens)                                  embed_block
+ *   for each layer:
+ *       x += attention(rmsnorm(x))                     attention_block
+ *       x += ffn(rmsnorm(x))   MoE experts or MLP      ffn_block
+ *   logits = lm_head(rmsnorm(x))                       logits_block
  *
- * Every block works on T tokens at once: T = prompt length for prefill,
- * a batched decode step, or a traced single token.  The plain single-token
- * decode step, when the fused MoE path takes the model, runs the same
- * sequence of blocks inside one parallel region instead (decode.c).  The
- * small ops and their numerics are in ops.h. */
+ * One function per block, and the same functions for every call: a
+ * one-token decode step, a prompt (prefill) and a batched decode step (one
+ * token of each of several sequences).  What varies by family (q/k norms,
+ * the routing rule, names) comes from the family table (family.h); the
+ * small numerics are in ops.h.
+ *
+ * How the work is shared.  A whole call is ONE OpenMP parallel region:
+ * every thread runs every block, takes its share of each step (rows of a
+ * matrix, heads, tokens) and meets the others at a barrier only where a
+ * step reads what another thread wrote.  Forking once per call instead of
+ * once per matrix keeps the cores busy through the serial bits between
+ * matrices, which is most of what a decode step is.  For one token (T ==
+ * 1) each thread also keeps its own copy of the residual stream, its norm
+ * and their prepared forms (the same computation, so the same bits): the
+ * residual update, the norms, the router and the routing then need no
+ * barrier at all, and a layer costs six.  For T > 1 the stream is shared,
+ * split by token.
+ *
+ * Per layer, T == 1:
+ *   A  q, k, v rows split over the threads                     barrier
+ *   B  k, v heads into the cache; q heads normed and rotated    barrier
+ *   C  attention, q heads split                                 barrier
+ *   D  o rows split                                             barrier
+ *      x += o; xn = norm(x); router logits and route (every thread)
+ *   E  experts: the fused path's two phases (or gather)         2 barriers
+ *      x += ffn
+ * The expert sum is computed by the path moe/dispatch.c chooses: the fused
+ * single-token kernel, or gather (prompts, batches, whatever fused
+ * declines). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -18,236 +43,557 @@
 #include "model/family.h"
 #include "model/model.h"
 #include "model/ops.h"
-#include "util/half.h"
 #include "util/parallel.h"
 
-/* y[T, rows] = W x (+ bias): matvec for one token, matmul for many. */
-static void linear(const mx_linear *l, const float *x, int64_t T, float *y)
-{
-    if (T == 1)
-        mx_linear_matvec(l, x, y);
-    else
-        mx_linear_matmul(l, x, T, y);
-}
+/* ---- the state of a call ---------------------------------------------------- */
 
-/* ---- attention ---------------------------------------------------------- */
-
-/* Where each of the T tokens of a forward call goes: its sequence and its
- * position there.  A prompt is one sequence at consecutive positions; a
- * batched decode step is one token of each of several sequences. */
+/* Where each of the T tokens of a call goes: its sequence and its position
+ * there.  A prompt is one sequence at consecutive positions; a batched
+ * decode step is one token of each of several sequences. */
 typedef struct token_slots {
     mx_seq *const *seq;
     const int *pos;
     int max_ctx;
-    float *rope;            /* [T][head_dim] cos/sin pairs for each token */
 } token_slots;
 
-/* out[T, d] = o_proj(softmax(q k^T / sqrt(hd)) v) for the T tokens, after
- * writing their k and v into their sequences' caches. */
-static void attention_block(mx_model *m, int l, const token_slots *ts, const float *xn, int64_t T,
-                            float *q, float *k, float *v, float *att, float *scores, float *out)
+/* What the threads share during a call. */
+typedef struct pass {
+    mx_model *m;
+    int64_t T;
+    const int32_t *tokens;       /* [T] */
+    token_slots ts;
+    const float *rope;           /* [T][head_dim] cos/sin pairs per token */
+    float *x, *xn;               /* [T, d] residual stream and its norm (T > 1) */
+    float *q, *k, *v;            /* [T, q_dim], [T, kv_dim], [T, kv_dim] projections */
+    float *qr;                   /* [T, q_dim] q heads as attention reads them */
+    float *att;                  /* [T, q_dim] attention output */
+    float *out;                  /* [T, d] a block's output */
+    float *router;               /* [T, E] router logits (T > 1) */
+    float *gate;                 /* [T] shared-expert weights (T > 1) */
+    mx_route *routes;            /* [T] (T > 1) */
+    unsigned char *batch_buf;    /* T > 1: the prepared input of the current linears */
+    void *fused_buf;             /* T == 1: the fused path's buffers */
+    float *logits;               /* [vocab] the last token's, or NULL */
+    float *all_logits;           /* [T, vocab] every token's, or NULL */
+    const mx_forward_trace *trace;
+    int rc;
+    mx_err *e;
+} pass;
+
+/* A thread's own state. */
+typedef struct lane {
+    int ith, nth;
+    float *x, *xn;               /* [d] T == 1: its copy of the stream; else a spare row */
+    mx_vec vec;                  /* T == 1: its prepared input of the current linears */
+    mx_batch batch;              /* T > 1: its view of the shared prepared input */
+    unsigned char *vec_buf;
+    float *scores;               /* [max_ctx] attention scores */
+    float *router;               /* [E] T == 1: its router logits */
+    mx_route route;              /* T == 1: its route */
+    float gate;                  /* T == 1: its shared-expert weight */
+    int64_t rfull_t;             /* token whose full-width q/k norm factors are cached */
+    float rq, rk;
+} lane;
+
+/* ---- sharing the work --------------------------------------------------------- */
+
+/* This thread's tokens for per-token work: T == 1 the one token, on every
+ * thread (each on its own copy); else its share. */
+static void my_tokens(const pass *p, const lane *ln, int64_t *t0, int64_t *t1)
 {
+    long a = 0, b = 1;
+    if (p->T > 1)
+        mx_split((long)p->T, ln->ith, ln->nth, &a, &b);
+    *t0 = a;
+    *t1 = b;
+}
+
+/* This thread's rows of a matrix.  Decode splits rows exactly; a batch
+ * splits 32-row blocks, the prefill kernel's tile. */
+static void my_rows(const pass *p, const lane *ln, int64_t rows, int64_t *r0, int64_t *r1)
+{
+    long a, b;
+    if (p->T == 1) {
+        mx_split((long)rows, ln->ith, ln->nth, &a, &b);
+        *r0 = a;
+        *r1 = b;
+        return;
+    }
+    mx_split((long)((rows + 31) / 32), ln->ith, ln->nth, &a, &b);
+    *r0 = a * 32;
+    *r1 = b * 32 < rows ? b * 32 : rows;
+}
+
+static float *x_at(pass *p, lane *ln, int64_t t) { return p->T == 1 ? ln->x : p->x + t * p->m->d; }
+static float *xn_at(pass *p, lane *ln, int64_t t) { return p->T == 1 ? ln->xn : p->xn + t * p->m->d; }
+
+static int gs_of(const mx_linear *l) { return l->quantized ? l->q.group_size : 64; }
+
+/* Makes rows [t0, t1) of X [T, cols] the input of the next linears, for
+ * kernels of group size gs (others still work, more slowly).  T == 1: this
+ * thread's own vector, prepared on first use; else its token share of the
+ * shared batch, then a barrier. */
+static void input_ready(pass *p, lane *ln, const float *X, int64_t cols, int gs, int64_t t0,
+                        int64_t t1)
+{
+    if (p->T == 1) {
+        mx_vec_init(&ln->vec, X, cols, ln->vec_buf);
+        return;
+    }
+    mx_batch_init(&ln->batch, X, cols, p->T, cols, gs, p->batch_buf);
+    mx_batch_prep(&ln->batch, t0, t1);
+#pragma omp barrier
+}
+
+/* Y[t*ldy + r] = (l x_t)[r] + bias for every token, rows [r0, r1). */
+static void linear_rows(lane *ln, const pass *p, const mx_linear *l, float *Y, int64_t ldy,
+                        int64_t r0, int64_t r1)
+{
+    if (p->T == 1)
+        mx_linear_rows(l, &ln->vec, Y, r0, r1);
+    else
+        mx_linear_rows_batch(l, &ln->batch, Y, ldy, r0, r1);
+}
+
+/* Rows [r0, r1) of n matrices stacked (q, k and v; a router and a gate),
+ * each into its own output. */
+static void stacked_rows(lane *ln, const pass *p, int n, const mx_linear *const *l,
+                         float *const *Y, int64_t r0, int64_t r1)
+{
+    int64_t base = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t rows = l[i]->rows, a = r0 > base ? r0 - base : 0,
+                      b = r1 < base + rows ? r1 - base : rows;
+        if (b > a)
+            linear_rows(ln, p, l[i], Y[i], rows, a, b);
+        base += rows;
+    }
+}
+
+/* x += delta (when not NULL), xn = norm(x), and xn made the linears'
+ * input.  Per token, so a thread's share needs no barrier before it. */
+static void residual_norm(pass *p, lane *ln, const float *delta, const float *norm, int gs)
+{
+    const mx_model *m = p->m;
+    const int64_t d = m->d;
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = x_at(p, ln, t);
+        if (delta)
+            for (int64_t i = 0; i < d; i++)
+                x[i] += delta[t * d + i];
+        mx_rmsnorm(xn_at(p, ln, t), x, norm, d, m->eps);
+    }
+    input_ready(p, ln, p->T == 1 ? ln->xn : p->xn, d, gs, t0, t1);
+}
+
+/* The trace's copy of the stream after layer l (0: the embeddings). */
+static void trace_hidden(pass *p, lane *ln, int l)
+{
+    if (!p->trace || !p->trace->hidden || l >= p->m->n_layers)
+        return;
+    const int64_t d = p->m->d;
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    if (p->T == 1 && ln->ith != 0)
+        return;
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(p->trace->hidden + ((size_t)l * (size_t)p->T + (size_t)t) * (size_t)d, x_at(p, ln, t),
+               sizeof(float) * (size_t)d);
+}
+
+/* ---- embedding ----------------------------------------------------------------- */
+
+static void embed_block(pass *p, lane *ln)
+{
+    const mx_model *m = p->m;
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++)
+        mx_embed_row(m, p->tokens[t], x_at(p, ln, t));
+    trace_hidden(p, ln, 0);
+}
+
+/* ---- attention ------------------------------------------------------------------- */
+
+/* 1/rms of x[n] with every value clipped to [-c, c] first (c <= 0: none),
+ * for the full-width q/k norms. */
+static float rms_inv_clipped(const float *x, int64_t n, float c, float eps)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = c > 0 ? fminf(fmaxf(x[i], -c), c) : x[i];
+        ss += (double)v * v;
+    }
+    return 1.0f / sqrtf((float)(ss / (double)n) + eps);
+}
+
+/* One head of token t's q or k projection as attention reads it: clipped
+ * (clip_qkv), normed (the family's q/k norm: per head, or with the factor
+ * of the whole projection), rotated.  is_k picks k (else q). */
+static void head_in(pass *p, lane *ln, int l, int64_t t, int is_k, int head, float *dst)
+{
+    const mx_model *m = p->m;
+    const mx_attn *a = &m->layers[l].attn;
+    const int hd = m->head_dim;
+    const float c = (float)m->cfg.clip_qkv;
+    const float *src = is_k ? p->k + t * m->kv_dim + head * hd : p->q + t * m->q_dim + head * hd;
+    const float *norm = is_k ? a->k_norm : a->q_norm;
+    for (int i = 0; i < hd; i++)
+        dst[i] = c > 0 ? fminf(fmaxf(src[i], -c), c) : src[i];
+    if (m->fam->qk_norm == MX_QK_NORM_HEAD) {
+        mx_rmsnorm(dst, dst, norm, hd, m->eps);
+    } else if (m->fam->qk_norm == MX_QK_NORM_FULL) {
+        if (ln->rfull_t != t) {   /* once per token and thread, not per head */
+            ln->rq = rms_inv_clipped(p->q + t * m->q_dim, m->q_dim, c, m->eps);
+            ln->rk = rms_inv_clipped(p->k + t * m->kv_dim, m->kv_dim, c, m->eps);
+            ln->rfull_t = t;
+        }
+        const float r = is_k ? ln->rk : ln->rq;
+        for (int i = 0; i < hd; i++)
+            dst[i] = norm[head * hd + i] * (dst[i] * r);
+    }
+    mx_rope(dst, hd, p->rope + t * hd);
+}
+
+/* p->out[T, d] = o_proj(attention) of the normed stream; k and v of the T
+ * tokens are written into their sequences' caches first. */
+static void attention_block(pass *p, lane *ln, int l)
+{
+    mx_model *m = p->m;
     const mx_attn *a = &m->layers[l].attn;
     const int hd = m->head_dim, nh = m->n_heads, nkv = m->n_kv, group = nh / nkv;
-    linear(&a->q, xn, T, q);
-    linear(&a->k, xn, T, k);
-    linear(&a->v, xn, T, v);
-    if (m->cfg.clip_qkv > 0) {
-        const float c = (float)m->cfg.clip_qkv;
-        for (int64_t i = 0; i < T * m->q_dim; i++)
-            q[i] = fminf(fmaxf(q[i], -c), c);
-        for (int64_t i = 0; i < T * m->kv_dim; i++) {
-            k[i] = fminf(fmaxf(k[i], -c), c);
-            v[i] = fminf(fmaxf(v[i], -c), c);
-        }
+    const int64_t T = p->T;
+    int64_t r0, r1;
+    /* A: q, k, v rows */
+    const mx_linear *qkv[3] = {&a->q, &a->k, &a->v};
+    float *const out3[3] = {p->q, p->k, p->v};
+    my_rows(p, ln, a->q.rows + a->k.rows + a->v.rows, &r0, &r1);
+    stacked_rows(ln, p, 3, qkv, out3, r0, r1);
+#pragma omp barrier
+    /* B: k heads normed and rotated into the cache, v clipped into it;
+     * q heads normed and rotated into qr (q, k, v stay as projected, so
+     * the full-width norms can read whole rows) */
+    const float c = (float)m->cfg.clip_qkv;
+    ln->rfull_t = -1;   /* the cached full-width norm factors are the last layer's */
+    long i0, i1;
+    mx_split((long)(T * nkv), ln->ith, ln->nth, &i0, &i1);
+    for (long i = i0; i < i1; i++) {
+        const int64_t t = i / nkv;
+        const int g = (int)(i % nkv);
+        mx_seq *s = p->ts.seq[t];
+        const int pos = p->ts.pos[t];
+        head_in(p, ln, l, t, 1, g, mx_kv_at(s, s->k, l, g, pos));
+        float *vc = mx_kv_at(s, s->v, l, g, pos);
+        const float *vs = p->v + t * m->kv_dim + g * hd;
+        for (int j = 0; j < hd; j++)
+            vc[j] = c > 0 ? fminf(fmaxf(vs[j], -c), c) : vs[j];
     }
-    for (int64_t t = 0; t < T; t++) {
-        float *qt = q + t * m->q_dim, *kt = k + t * m->kv_dim, *vt = v + t * m->kv_dim;
-        const mx_seq *s = ts->seq[t];
-        const int pos = ts->pos[t];
-        if (m->fam->qk_norm == MX_QK_NORM_FULL) {
-            mx_rmsnorm(qt, qt, a->q_norm, m->q_dim, m->eps);
-            mx_rmsnorm(kt, kt, a->k_norm, m->kv_dim, m->eps);
-        }
-        for (int h = 0; h < nh; h++) {
-            if (m->fam->qk_norm == MX_QK_NORM_HEAD)
-                mx_rmsnorm(qt + h * hd, qt + h * hd, a->q_norm, hd, m->eps);
-            mx_rope(qt + h * hd, hd, ts->rope + t * hd);
-        }
-        for (int h = 0; h < nkv; h++) {
-            if (m->fam->qk_norm == MX_QK_NORM_HEAD)
-                mx_rmsnorm(kt + h * hd, kt + h * hd, a->k_norm, hd, m->eps);
-            mx_rope(kt + h * hd, hd, ts->rope + t * hd);
-            memcpy(mx_kv_at(s, s->k, l, h, pos), kt + h * hd, sizeof(float) * (size_t)hd);
-            memcpy(mx_kv_at(s, s->v, l, h, pos), vt + h * hd, sizeof(float) * (size_t)hd);
-        }
-    }
-
+    mx_split((long)(T * nh), ln->ith, ln->nth, &i0, &i1);
+    for (long i = i0; i < i1; i++)
+        head_in(p, ln, l, i / nh, 0, (int)(i % nh), p->qr + i * hd);
+#pragma omp barrier
+    /* C: attention over the caches.  One token: its heads split evenly
+     * (the q heads of one kv head stay together); many: (token, head)
+     * items handed out as they finish, since later positions cost more */
     const float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for num_threads(mx_threads()) schedule(dynamic, 1)
-    for (int64_t th = 0; th < T * nh; th++) {
-        const int64_t t = th / nh;
-        const int h = (int)(th % nh), kvh = h / group;
-        const mx_seq *s = ts->seq[t];
-        const int pos = ts->pos[t];
-        float *sc = scores + (size_t)omp_get_thread_num() * (size_t)ts->max_ctx;
-        mx_attend_head(q + t * m->q_dim + h * hd, mx_kv_at(s, s->k, l, kvh, 0),
-                       mx_kv_at(s, s->v, l, kvh, 0), mx_attn_start(m, pos), pos, hd, scale, sc,
-                       att + t * m->q_dim + h * hd);
-    }
-    linear(&a->o, att, T, out);
-}
-
-/* ---- feed-forward -------------------------------------------------------- */
-
-/* out = down(silu(gate x) * up x) for T tokens; g and u hold T * ff. */
-static void mlp_block(const mx_mlp *p, const float *xn, int64_t T, float *g, float *u, float *out)
-{
-    linear(&p->gate, xn, T, g);
-    linear(&p->up, xn, T, u);
-    const int64_t n = T * p->gate.rows;
-    for (int64_t i = 0; i < n; i++)
-        g[i] = mx_silu(g[i]) * u[i];
-    linear(&p->down, g, T, out);
-}
-
-typedef struct ffn_scratch {
-    float *router_logits;   /* [T, E] */
-    mx_route *routes;       /* [T] */
-    float *g, *u;           /* [T, max ff] */
-    float *shared_out;      /* [T, d] */
-    float *shared_gate;     /* [T] */
-} ffn_scratch;
-
-/* out[T, d] = routed experts (+ gated shared expert), or the dense MLP. */
-static int ffn_block(mx_model *m, int l, const float *xn, int64_t T, ffn_scratch *fs, float *out,
-                     float *trace_router, mx_err *e)
-{
-    const mx_layer *L = &m->layers[l];
-    if (!L->is_moe) {
-        mlp_block(&L->mlp, xn, T, fs->g, fs->u, out);
-        return MX_OK;
-    }
-    const mx_moe_block *b = &L->moe;
-    const int E = m->n_experts;
-    linear(&b->router, xn, T, fs->router_logits);
-    if (trace_router)
-        memcpy(trace_router, fs->router_logits, sizeof(float) * (size_t)(T * E));
-    for (int64_t t = 0; t < T; t++)
-        mx_moe_route(fs->router_logits + t * E, E, m->top_k, m->norm_topk, &fs->routes[t]);
-    int rc = mx_moe_experts(&b->experts, fs->routes, xn, T, out, e);
-    if (rc)
-        return rc;
-    if (b->has_shared) {
-        mlp_block(&b->shared, xn, T, fs->g, fs->u, fs->shared_out);
-        linear(&b->shared_gate, xn, T, fs->shared_gate);
-        for (int64_t t = 0; t < T; t++) {
-            const float gate = 1.0f / (1.0f + expf(-fs->shared_gate[t]));
-            for (int i = 0; i < m->d; i++)
-                out[t * m->d + i] += gate * fs->shared_out[t * m->d + i];
+    if (T == 1) {
+        for (long h = i0; h < i1; h++) {
+            mx_seq *s = p->ts.seq[0];
+            const int pos = p->ts.pos[0], kvh = (int)h / group;
+            mx_attend_head(p->qr + h * hd, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0),
+                           mx_attn_start(m, pos), pos, hd, scale, ln->scores, p->att + h * hd);
+        }
+#pragma omp barrier
+    } else {
+#pragma omp for schedule(dynamic, 1)
+        for (long i = 0; i < (long)(T * nh); i++) {
+            const int64_t t = i / nh;
+            const int h = (int)(i % nh), kvh = h / group, pos = p->ts.pos[t];
+            mx_seq *s = p->ts.seq[t];
+            mx_attend_head(p->qr + i * hd, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0),
+                           mx_attn_start(m, pos), pos, hd, scale, ln->scores, p->att + i * hd);
         }
     }
-    return MX_OK;
+    /* D: o rows */
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    input_ready(p, ln, p->att, m->q_dim, gs_of(&a->o), t0, t1);
+    my_rows(p, ln, a->o.rows, &r0, &r1);
+    linear_rows(ln, p, &a->o, p->out, m->d, r0, r1);
+#pragma omp barrier
 }
 
-/* ---- embedding and the whole pass --------------------------------------- */
+/* ---- feed-forward -------------------------------------------------------------------- */
 
-static int64_t max_ff(const mx_model *m)
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* The router logits, each token's route and its shared-expert weight.
+ * One token: every thread computes all of it on its own (a barrier would
+ * cost more than the few rows); many: rows split, then tokens split. */
+static void route_tokens(pass *p, lane *ln, const mx_moe_block *b, int l)
 {
-    int64_t f = 1;
+    const mx_model *m = p->m;
+    const int E = m->n_experts;
+    float *trace = p->trace && p->trace->router_logits
+                       ? p->trace->router_logits + (size_t)l * (size_t)p->T * (size_t)E : NULL;
+    if (p->T == 1) {
+        linear_rows(ln, p, &b->router, ln->router, E, 0, b->router.rows);
+        mx_moe_route(&b->rule, ln->router, E, &ln->route);
+        if (b->has_shared) {
+            linear_rows(ln, p, &b->shared_gate, &ln->gate, 1, 0, 1);
+            ln->gate = sigmoid(ln->gate);
+        }
+        if (trace && ln->ith == 0)
+            memcpy(trace, ln->router, sizeof(float) * (size_t)E);
+        return;
+    }
+    const mx_linear *rl[2] = {&b->router, &b->shared_gate};
+    float *const out[2] = {p->router, p->gate};
+    int64_t r0, r1, t0, t1;
+    my_rows(p, ln, b->router.rows + (b->has_shared ? 1 : 0), &r0, &r1);
+    stacked_rows(ln, p, b->has_shared ? 2 : 1, rl, out, r0, r1);
+#pragma omp barrier
+    my_tokens(p, ln, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        mx_moe_route(&b->rule, p->router + t * E, E, &p->routes[t]);
+        if (b->has_shared)
+            p->gate[t] = sigmoid(p->gate[t]);
+        if (trace)
+            memcpy(trace + t * E, p->router + t * E, sizeof(float) * (size_t)E);
+    }
+#pragma omp barrier
+}
+
+/* p->out[T, d] = the layer's feed-forward of the normed stream: routed
+ * experts (+ the shared expert weighted by its gate), or the dense MLP. */
+static int ffn_block(pass *p, lane *ln, int l)
+{
+    mx_model *m = p->m;
+    const mx_layer *L = &m->layers[l];
+    mx_moe_job job = {.x = p->T == 1 ? ln->xn : p->xn, .T = p->T, .d_model = m->d, .out = p->out};
+    if (L->is_moe) {
+        const mx_moe_block *b = &L->moe;
+        route_tokens(p, ln, b, l);
+        job.ex = &b->experts;
+        job.routes = p->T == 1 ? &ln->route : p->routes;
+        if (b->has_shared) {
+            job.extra[job.n_extra] = &b->shared;
+            job.extra_w[job.n_extra++] = p->T == 1 ? &ln->gate : p->gate;
+        }
+    } else {
+        job.extra[job.n_extra++] = &L->mlp;
+    }
+    /* the same answer on every thread: a pure function of the job */
+    const mx_moe_path path = mx_moe_choose(&job, NULL);
+    int rc = MX_OK;
+    if (path == MX_MOE_FUSED) {
+        mx_moe_plan plan;
+        mx_moe_plan_of(&plan, &job);
+        mx_moe_fused_team(&plan, &ln->vec, p->fused_buf, p->out);
+    } else {
+        rc = mx_moe_gather_team(&job, m->gather, &m->moe_arena, p->e);
+    }
+    if (!rc && L->is_moe && ln->ith == 0)
+        mx_moe_count(path, 1);
+    return rc;
+}
+
+/* x += p->out, the feed-forward's output, and the trace's copy of the
+ * stream after layer l. */
+static void residual_add(pass *p, lane *ln, int l)
+{
+    const int64_t d = p->m->d;
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = x_at(p, ln, t);
+        for (int64_t i = 0; i < d; i++)
+            x[i] += p->out[t * d + i];
+    }
+    trace_hidden(p, ln, l + 1);
+}
+
+/* The group size the feed-forward's first matrices read x with. */
+static int ffn_gs(const mx_layer *L) { return gs_of(L->is_moe ? &L->moe.router : &L->mlp.gate); }
+
+/* ---- logits ------------------------------------------------------------------------ */
+
+/* The final norm and lm_head: every token's logits (all_logits), or the
+ * last token's (logits).  The trace's last hidden state is the normed
+ * stream. */
+static void logits_block(pass *p, lane *ln)
+{
+    const mx_model *m = p->m;
+    const int64_t d = m->d, T = p->T;
+    int64_t r0, r1, t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    if (p->all_logits || (p->trace && p->trace->hidden)) {
+        for (int64_t t = t0; t < t1; t++) {
+            mx_rmsnorm(xn_at(p, ln, t), x_at(p, ln, t), m->final_norm, d, m->eps);
+            if (p->trace && p->trace->hidden && (T > 1 || ln->ith == 0))
+                memcpy(p->trace->hidden + ((size_t)m->n_layers * (size_t)T + (size_t)t) * (size_t)d,
+                       xn_at(p, ln, t), sizeof(float) * (size_t)d);
+        }
+        if (p->all_logits) {
+            input_ready(p, ln, T == 1 ? ln->xn : p->xn, d, gs_of(&m->lm_head), t0, t1);
+            my_rows(p, ln, m->vocab, &r0, &r1);
+            linear_rows(ln, p, &m->lm_head, p->all_logits, m->vocab, r0, r1);
+        }
+    }
+    if (p->logits) {
+        /* the last token alone, as one vector on every thread */
+        if (T > 1) {
+#pragma omp barrier
+        }
+        const float *x = T == 1 ? ln->x : p->x + (T - 1) * d;
+        mx_rmsnorm(ln->xn, x, m->final_norm, d, m->eps);
+        mx_vec_init(&ln->vec, ln->xn, d, ln->vec_buf);
+        long a, b;
+        mx_split((long)m->vocab, ln->ith, ln->nth, &a, &b);
+        mx_linear_rows(&m->lm_head, &ln->vec, p->logits, a, b);
+    }
+}
+
+/* ---- the pass ------------------------------------------------------------------------ */
+
+/* Every thread runs this: the whole model for the call's tokens. */
+static void forward_pass(pass *p, lane *ln)
+{
+    const mx_model *m = p->m;
+    embed_block(p, ln);
+    if (p->T > 1) {
+#pragma omp barrier
+    }
+    int rc = MX_OK;
+    for (int l = 0; l < m->n_layers && !rc; l++) {
+        const mx_layer *L = &m->layers[l];
+        residual_norm(p, ln, NULL, L->attn_norm, gs_of(&L->attn.q));
+        attention_block(p, ln, l);
+        residual_norm(p, ln, p->out, L->ffn_norm, ffn_gs(L));
+        rc = ffn_block(p, ln, l);
+        if (!rc)
+            residual_add(p, ln, l);
+    }
+    if (rc) {
+        if (ln->ith == 0)
+            p->rc = rc;
+        return;
+    }
+    logits_block(p, ln);
+}
+
+/* ---- one call ------------------------------------------------------------------------ */
+
+/* Bytes of a buffer carved from the arena: counted when a is NULL (the
+ * sizing pass), taken otherwise. */
+static void *carve(mx_arena *a, size_t *total, size_t bytes)
+{
+    if (!a) {
+        *total += mx_align64(bytes);
+        return NULL;
+    }
+    return mx_arena_take(a, bytes);
+}
+
+/* The largest buffer the fused path needs for any layer's one-token job. */
+static size_t fused_bytes(const mx_model *m, int nth)
+{
+    size_t w = 0;
     for (int l = 0; l < m->n_layers; l++) {
         const mx_layer *L = &m->layers[l];
-        int64_t w = L->is_moe ? (L->moe.has_shared ? L->moe.shared.gate.rows : 0) : L->mlp.gate.rows;
-        if (w > f)
-            f = w;
+        int64_t extra[1];
+        size_t n;
+        if (L->is_moe) {
+            extra[0] = L->moe.has_shared ? L->moe.shared.gate.rows : 0;
+            n = mx_moe_fused_bytes_max(m->d, m->top_k, L->moe.experts.d_ff, extra,
+                                       L->moe.has_shared, nth);
+        } else {
+            extra[0] = L->mlp.gate.rows;
+            n = mx_moe_fused_bytes_max(m->d, 0, 0, extra, 1, nth);
+        }
+        if (n > w)
+            w = n;
     }
-    return f;
+    return w;
 }
 
-static float *grow_scratch(mx_model *m, size_t n)
+/* Lays out the call's buffers: sizes them when a is NULL, else carves them
+ * into p and lanes (which *lanes then points at). */
+static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
 {
-    if (n > m->scratch_cap) {
-        free(m->scratch);
-        m->scratch = malloc(n * sizeof(float));
-        m->scratch_cap = m->scratch ? n : 0;
+    const mx_model *m = p->m;
+    const int64_t T = p->T, d = m->d, E = m->n_experts > 0 ? m->n_experts : 1;
+    const int64_t wide = m->q_dim > d ? m->q_dim : d;
+    size_t total = 0, batch = 0;
+    for (int gs = 32; T > 1 && gs <= 128; gs *= 2) {
+        size_t b = mx_batch_bytes(T, wide, gs);
+        if (wide % gs == 0 && b > batch)
+            batch = b;
+        b = mx_batch_bytes(T, d, gs);
+        if (d % gs == 0 && b > batch)
+            batch = b;
     }
-    return m->scratch;
+    const size_t f = sizeof(float);
+    p->x = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
+    p->xn = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
+    p->q = carve(a, &total, (size_t)(T * m->q_dim) * f);
+    p->k = carve(a, &total, (size_t)(T * m->kv_dim) * f);
+    p->v = carve(a, &total, (size_t)(T * m->kv_dim) * f);
+    p->qr = carve(a, &total, (size_t)(T * m->q_dim) * f);
+    p->att = carve(a, &total, (size_t)(T * m->q_dim) * f);
+    p->out = carve(a, &total, (size_t)(T * d) * f);
+    p->router = carve(a, &total, (size_t)(T * E) * f);
+    p->gate = carve(a, &total, (size_t)T * f);
+    p->routes = carve(a, &total, (size_t)T * sizeof(mx_route));
+    p->batch_buf = carve(a, &total, batch);
+    p->fused_buf = carve(a, &total, T == 1 ? fused_bytes(m, nth) : 0);
+    lane *ls = carve(a, &total, sizeof(lane) * (size_t)nth);
+    if (lanes)
+        *lanes = ls;
+    const size_t vec = mx_vec_bytes(wide);
+    for (int i = 0; i < nth; i++) {
+        lane tmp, *ln = ls ? &ls[i] : &tmp;
+        memset(ln, 0, sizeof *ln);
+        ln->ith = i;
+        ln->nth = nth;
+        ln->rfull_t = -1;
+        ln->x = carve(a, &total, (size_t)d * f);
+        ln->xn = carve(a, &total, (size_t)d * f);
+        ln->vec_buf = carve(a, &total, vec);
+        ln->scores = carve(a, &total, (size_t)p->ts.max_ctx * f);
+        ln->router = carve(a, &total, (size_t)E * f);
+    }
+    return total;
 }
 
-/* The shared body of mx_forward and mx_forward_batch.  When all_logits is
- * set every token's logits are written ([T, vocab]); else only the last
- * token's, to logits (when not NULL). */
+/* The shared body of mx_forward and mx_forward_batch. */
 static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tokens, int64_t T,
                           float *logits, float *all_logits, const mx_forward_trace *trace, mx_err *e)
 {
-    const int64_t d = m->d, E = m->n_experts > 0 ? m->n_experts : 1, ff = max_ff(m);
     const int nth = mx_threads();
-    const size_t route_floats = (sizeof(mx_route) + sizeof(float) - 1) / sizeof(float);
-    size_t need = (size_t)(T * (4 * d + 2 * m->q_dim + 2 * m->kv_dim + E + 2 * ff + 1 + m->head_dim)) +
-                  (size_t)nth * (size_t)ts->max_ctx + (size_t)T * route_floats + (size_t)d;
-    float *p = grow_scratch(m, need);
-    if (!p)
-        return mx_fail(e, MX_ENOMEM, "forward: out of memory for %lld tokens", (long long)T);
-    float *x = p; p += T * d;
-    float *xn = p; p += T * d;
-    float *tmp = p; p += T * d;
-    float *q = p; p += T * m->q_dim;
-    float *att = p; p += T * m->q_dim;
-    float *k = p; p += T * m->kv_dim;
-    float *v = p; p += T * m->kv_dim;
-    float *scores = p; p += (size_t)nth * (size_t)ts->max_ctx;
-    ffn_scratch fs;
-    fs.router_logits = p; p += T * E;
-    fs.g = p; p += T * ff;
-    fs.u = p; p += T * ff;
-    fs.shared_out = p; p += T * d;
-    fs.shared_gate = p; p += T;
-    fs.routes = (mx_route *)p; p += T * route_floats;
-    float *last = p; p += d;
-    float *rope_cs = p;
-
-    for (int64_t t = 0; t < T; t++) {
-        mx_embed_row(m, tokens[t], x + t * d);
-        mx_rope_table(rope_cs + t * m->head_dim, m->head_dim, ts->pos[t], m->rope_inv_freq);
+    pass p = {.m = m, .T = T, .tokens = tokens, .ts = *ts, .logits = logits,
+              .all_logits = all_logits, .trace = trace, .e = e};
+    const size_t rope_bytes = sizeof(float) * (size_t)(T * m->head_dim);
+    const size_t need = layout(&p, NULL, nth, NULL) + mx_align64(rope_bytes);
+    if (mx_arena_reserve(&m->arena, need))
+        return mx_fail(e, MX_ENOMEM, "forward: out of memory for %lld tokens (%zu bytes of scratch)",
+                       (long long)T, need);
+    lane *lanes;
+    layout(&p, &lanes, nth, &m->arena);
+    float *rope = mx_arena_take(&m->arena, rope_bytes);
+    for (int64_t t = 0; t < T; t++)
+        mx_rope_table(rope + t * m->head_dim, m->head_dim, ts->pos[t], m->rope_inv_freq);
+    p.rope = rope;
+#pragma omp parallel num_threads(nth)
+    {
+        /* the team may be smaller than asked (a region inside another) */
+        lane *ln = &lanes[omp_get_thread_num()];
+        ln->nth = omp_get_num_threads();
+        forward_pass(&p, ln);
     }
-    token_slots slots = *ts;
-    slots.rope = rope_cs;
-    ts = &slots;
-    if (trace && trace->hidden)
-        memcpy(trace->hidden, x, sizeof(float) * (size_t)(T * d));
-
-    for (int l = 0; l < m->n_layers; l++) {
-        const mx_layer *L = &m->layers[l];
-        for (int64_t t = 0; t < T; t++)
-            mx_rmsnorm(xn + t * d, x + t * d, L->attn_norm, d, m->eps);
-        attention_block(m, l, ts, xn, T, q, k, v, att, scores, tmp);
-        for (int64_t i = 0; i < T * d; i++)
-            x[i] += tmp[i];
-        for (int64_t t = 0; t < T; t++)
-            mx_rmsnorm(xn + t * d, x + t * d, L->ffn_norm, d, m->eps);
-        float *tr = trace && trace->router_logits ? trace->router_logits + (size_t)l * T * E : NULL;
-        int rc = ffn_block(m, l, xn, T, &fs, tmp, tr, e);
-        if (rc)
-            return rc;
-        for (int64_t i = 0; i < T * d; i++)
-            x[i] += tmp[i];
-        if (trace && trace->hidden && l + 1 < m->n_layers)
-            memcpy(trace->hidden + (size_t)(l + 1) * T * d, x, sizeof(float) * (size_t)(T * d));
-    }
-
-    if (all_logits || (trace && trace->hidden)) {
-        for (int64_t t = 0; t < T; t++)
-            mx_rmsnorm(xn + t * d, x + t * d, m->final_norm, d, m->eps);
-        if (trace && trace->hidden)
-            memcpy(trace->hidden + (size_t)m->n_layers * T * d, xn, sizeof(float) * (size_t)(T * d));
-        if (all_logits)
-            linear(&m->lm_head, xn, T, all_logits);
-    }
-    if (logits) {
-        mx_rmsnorm(last, x + (T - 1) * d, m->final_norm, d, m->eps);
-        mx_linear_matvec(&m->lm_head, last, logits);
-    }
-    return MX_OK;
+    return p.rc;
 }
 
 static int check_tokens(const mx_model *m, const int32_t *tokens, int n, mx_err *e)
@@ -272,12 +618,6 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
     int rc = check_tokens(m, tokens, n, e);
     if (rc)
         return rc;
-    if (n == 1 && !trace && mx_decode_ok(m)) {
-        rc = mx_decode_token(m, s, tokens[0], logits, e);
-        if (!rc)
-            s->pos++;
-        return rc;
-    }
     /* small calls use the stack: no allocation per token */
     mx_seq *seq_small[64];
     int pos_small[64];
@@ -292,7 +632,7 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
         seqs[t] = s;
         pos[t] = s->pos + t;
     }
-    token_slots ts = {seqs, pos, s->n_ctx, NULL};
+    token_slots ts = {seqs, pos, s->n_ctx};
     rc = forward_tokens(m, &ts, tokens, n, logits, trace ? trace->all_logits : NULL, trace, e);
     if (!rc)
         s->pos += n;
@@ -327,7 +667,7 @@ int mx_forward_batch(mx_model *m, mx_seq *const *seqs, const int32_t *tokens, in
         return mx_fail(e, MX_ENOMEM, "forward: out of memory");
     for (int i = 0; i < n; i++)
         pos[i] = seqs[i]->pos;
-    token_slots ts = {seqs, pos, max_ctx, NULL};
+    token_slots ts = {seqs, pos, max_ctx};
     rc = forward_tokens(m, &ts, tokens, n, NULL, logits, NULL, e);
     if (!rc)
         for (int i = 0; i < n; i++)

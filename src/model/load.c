@@ -1,9 +1,10 @@
 /* load.c - binds a checkpoint's tensors to the model's weight structs.
  *
- * Quantized linears become mx_qmat views into the mmap (no copy), for both
- * expert layouts: stacked `{block}.switch_mlp.{proj}` with a leading expert
- * dimension (views at an offset), or per expert `{block}.experts.{e}.{proj}`.
- * Only norm weights and biases are converted to f32 (small).  Every missing
+ * Tensor names come from the family's table (family.h).  Quantized linears
+ * become mx_qmat views into the mmap (no copy), for both expert layouts:
+ * stacked (`{block}.switch_mlp.{proj}` with a leading expert dimension,
+ * views at an offset) or per expert (`{block}.experts.{e}.{proj}`).  Only
+ * norm weights and biases are converted to f32 (small).  Every missing
  * tensor or shape mismatch is an error naming the tensor. */
 #include <math.h>
 #include <stdarg.h>
@@ -13,7 +14,6 @@
 
 #include "model/family.h"
 #include "model/model.h"
-#include "util/half.h"
 
 #define NAME_MAX_LEN 256
 
@@ -45,18 +45,6 @@ static void *own(mx_model *m, void *p)
     return p;
 }
 
-static float load_elem(const mx_tensor *t, int64_t i)
-{
-    switch (t->dtype) {
-    case MX_F32: return ((const float *)t->data)[i];
-    case MX_F16: return mx_f16_to_f32(((const uint16_t *)t->data)[i]);
-    case MX_BF16: return mx_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    default: return 0.0f;
-    }
-}
-
-static int is_float_dtype(mx_dtype t) { return t == MX_F32 || t == MX_F16 || t == MX_BF16; }
-
 /* A float vector tensor of exactly n elements, converted to f32.  *out stays
  * NULL when the tensor is absent and optional. */
 static int load_vector(mx_model *m, const char *name, int64_t n, int optional, float **out,
@@ -69,7 +57,7 @@ static int load_vector(mx_model *m, const char *name, int64_t n, int optional, f
             return MX_OK;
         return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, name);
     }
-    if (!is_float_dtype(t->dtype))
+    if (!mx_dtype_is_float(t->dtype))
         return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' has dtype %s, expected F32/F16/BF16",
                        t->file, name, mx_dtype_name(t->dtype));
     if (mx_tensor_numel(t) != n || t->ndim != 1)
@@ -79,7 +67,7 @@ static int load_vector(mx_model *m, const char *name, int64_t n, int optional, f
     if (!v)
         return mx_fail(e, MX_ENOMEM, "out of memory loading '%s'", name);
     for (int64_t i = 0; i < n; i++)
-        v[i] = load_elem(t, i);
+        v[i] = mx_dtype_get(t->data, t->dtype, i);
     *out = v;
     return MX_OK;
 }
@@ -132,7 +120,7 @@ static int load_linear_at(mx_model *m, const char *module, int64_t index, int64_
                            (long long)rows, (long long)cols);
         l->quantized = 1;
     } else {
-        if (!is_float_dtype(w->dtype))
+        if (!mx_dtype_is_float(w->dtype))
             return mx_fail(e, MX_EFORMAT, "%s: '%s' has dtype %s but no '%s': neither quantized nor float",
                            w->file, nw, mx_dtype_name(w->dtype), ns);
         int lead = w->ndim - 2;
@@ -167,24 +155,29 @@ static int load_linear(mx_model *m, const char *module, int64_t rows, int64_t co
     return load_linear_at(m, module, 0, rows, cols, l, e);
 }
 
+/* A SwiGLU MLP `{prefix}.{gate,up,down}` of width ff. */
 static int load_mlp(mx_model *m, const char *prefix, int64_t ff, mx_mlp *p, mx_err *e)
 {
+    const char *const *proj = m->fam->names.mlp_proj;
     char n[NAME_MAX_LEN];
     int rc;
-    tname(n, "%s.gate_proj", prefix);
+    tname(n, "%s.%s", prefix, proj[0]);
     if ((rc = load_linear(m, n, ff, m->d, &p->gate, e)))
         return rc;
-    tname(n, "%s.up_proj", prefix);
+    tname(n, "%s.%s", prefix, proj[1]);
     if ((rc = load_linear(m, n, ff, m->d, &p->up, e)))
         return rc;
-    tname(n, "%s.down_proj", prefix);
+    tname(n, "%s.%s", prefix, proj[2]);
     return load_linear(m, n, m->d, ff, &p->down, e);
 }
 
+/* The routed experts of block `blk`: stacked `{blk}.{stacked}.{proj}`
+ * when present, else per expert `{blk}.{per_expert}.{proj}`. */
 static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex, mx_err *e)
 {
+    const mx_names *nm = &m->fam->names;
     const int E = m->n_experts;
-    char n[NAME_MAX_LEN];
+    char n[NAME_MAX_LEN], nw[NAME_MAX_LEN], expert[64];
     ex->n = E;
     ex->d_model = m->d;
     ex->d_ff = ff;
@@ -193,28 +186,29 @@ static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex
     ex->down = own(m, calloc((size_t)E, sizeof *ex->down));
     if (!ex->gate || !ex->up || !ex->down)
         return mx_fail(e, MX_ENOMEM, "out of memory for %d experts", E);
-    tname(n, "%s.switch_mlp.gate_proj.weight", blk);
-    ex->stacked = mx_st_find(m->st, n) != NULL;
-    static const char *stacked_names[3] = {"gate_proj", "up_proj", "down_proj"};
+    tname(nw, "%s.%s.%s.weight", blk, nm->stacked, nm->stacked_proj[0]);
+    ex->stacked = mx_st_find(m->st, nw) != NULL;
     mx_linear *dst[3] = {ex->gate, ex->up, ex->down};
     for (int p = 0; p < 3; p++) {
         int64_t rows = p == 2 ? m->d : ff, cols = p == 2 ? ff : m->d;
+        if (ex->stacked) {
+            /* the stack must hold exactly E matrices */
+            tname(n, "%s.%s.%s", blk, nm->stacked, nm->stacked_proj[p]);
+            tname(nw, "%s.weight", n);
+            const mx_tensor *w = mx_st_find(m->st, nw);
+            if (!w)
+                return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, nw);
+            if (w->ndim != 3 || w->shape[0] != E)
+                return mx_fail(e, MX_EFORMAT, "%s: stacked experts '%s' must be [%d, out, in], has %d dims, first %lld",
+                               w->file, nw, E, w->ndim, (long long)w->shape[0]);
+        }
         for (int x = 0; x < E; x++) {
             int rc;
             if (ex->stacked) {
-                tname(n, "%s.switch_mlp.%s", blk, stacked_names[p]);
-                /* the stack must hold exactly E matrices */
-                char nw[NAME_MAX_LEN];
-                tname(nw, "%s.weight", n);
-                const mx_tensor *w = mx_st_find(m->st, nw);
-                if (!w)
-                    return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, nw);
-                if (w->ndim != 3 || w->shape[0] != E)
-                    return mx_fail(e, MX_EFORMAT, "%s: stacked experts '%s' must be [%d, out, in], has %d dims, first %lld",
-                                   w->file, nw, E, w->ndim, (long long)w->shape[0]);
                 rc = load_linear_at(m, n, x, rows, cols, &dst[p][x], e);
             } else {
-                tname(n, "%s.experts.%d.%s", blk, x, m->fam->expert_proj[p]);
+                snprintf(expert, sizeof expert, nm->per_expert, x);
+                tname(n, "%s.%s.%s", blk, expert, nm->expert_proj[p]);
                 rc = load_linear(m, n, rows, cols, &dst[p][x], e);
             }
             if (rc)
@@ -234,58 +228,57 @@ static int layer_is_moe(const mx_config *c, int l)
 
 static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
 {
-    char p[NAME_MAX_LEN], n[NAME_MAX_LEN];
+    const mx_names *nm = &m->fam->names;
+    char p[NAME_MAX_LEN], n[NAME_MAX_LEN], layer[64];
     int rc;
-    tname(p, "model.layers.%d", l);
-    tname(n, "%s.input_layernorm.weight", p);
+    snprintf(layer, sizeof layer, nm->layer, l);
+    tname(p, "%s.%s", nm->model, layer);
+    tname(n, "%s.%s.weight", p, nm->attn_norm);
     if ((rc = load_vector(m, n, m->d, 0, &L->attn_norm, e)))
         return rc;
-    tname(n, "%s.post_attention_layernorm.weight", p);
+    tname(n, "%s.%s.weight", p, nm->ffn_norm);
     if ((rc = load_vector(m, n, m->d, 0, &L->ffn_norm, e)))
         return rc;
 
     mx_attn *a = &L->attn;
-    tname(n, "%s.self_attn.q_proj", p);
-    if ((rc = load_linear(m, n, m->q_dim, m->d, &a->q, e)))
-        return rc;
-    tname(n, "%s.self_attn.k_proj", p);
-    if ((rc = load_linear(m, n, m->kv_dim, m->d, &a->k, e)))
-        return rc;
-    tname(n, "%s.self_attn.v_proj", p);
-    if ((rc = load_linear(m, n, m->kv_dim, m->d, &a->v, e)))
-        return rc;
-    tname(n, "%s.self_attn.o_proj", p);
-    if ((rc = load_linear(m, n, m->d, m->q_dim, &a->o, e)))
-        return rc;
+    mx_linear *proj[4] = {&a->q, &a->k, &a->v, &a->o};
+    const int64_t rows[4] = {m->q_dim, m->kv_dim, m->kv_dim, m->d};
+    const int64_t cols[4] = {m->d, m->d, m->d, m->q_dim};
+    for (int i = 0; i < 4; i++) {
+        tname(n, "%s.%s.%s", p, nm->attn, nm->attn_proj[i]);
+        if ((rc = load_linear(m, n, rows[i], cols[i], proj[i], e)))
+            return rc;
+    }
     if (m->fam->qk_norm != MX_QK_NORM_NONE) {
         int full = m->fam->qk_norm == MX_QK_NORM_FULL;
-        tname(n, "%s.self_attn.q_norm.weight", p);
+        tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[0]);
         if ((rc = load_vector(m, n, full ? m->q_dim : m->head_dim, 0, &a->q_norm, e)))
             return rc;
-        tname(n, "%s.self_attn.k_norm.weight", p);
+        tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[1]);
         if ((rc = load_vector(m, n, full ? m->kv_dim : m->head_dim, 0, &a->k_norm, e)))
             return rc;
     }
 
     L->is_moe = layer_is_moe(&m->cfg, l);
     if (!L->is_moe) {
-        tname(n, "%s.mlp", p);
+        tname(n, "%s.%s", p, nm->mlp);
         return load_mlp(m, n, m->cfg.intermediate_size, &L->mlp, e);
     }
     mx_moe_block *b = &L->moe;
     char blk[NAME_MAX_LEN];
-    tname(blk, "%s.%s", p, m->fam->moe_block);
-    tname(n, "%s.gate", blk);
+    tname(blk, "%s.%s", p, nm->moe);
+    tname(n, "%s.%s", blk, nm->router);
     if ((rc = load_linear(m, n, m->n_experts, m->d, &b->router, e)))
         return rc;
+    b->rule = (mx_router){.kind = m->fam->router, .k = m->top_k, .norm_topk = m->norm_topk};
     if ((rc = load_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts, e)))
         return rc;
     if (m->fam->shared_expert && m->cfg.shared_expert_intermediate_size > 0) {
         b->has_shared = 1;
-        tname(n, "%s.shared_expert", blk);
+        tname(n, "%s.%s", blk, nm->shared);
         if ((rc = load_mlp(m, n, m->cfg.shared_expert_intermediate_size, &b->shared, e)))
             return rc;
-        tname(n, "%s.shared_expert_gate", blk);
+        tname(n, "%s.%s", blk, nm->shared_gate);
         if ((rc = load_linear(m, n, 1, m->d, &b->shared_gate, e)))
             return rc;
     }
@@ -303,6 +296,9 @@ static int resolve_config(mx_model *m, mx_err *e)
     if (!m->fam)
         return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: model_type '%s' is not supported (supported: %s)",
                        m->dir, c->model_type, mx_family_list());
+    int rc = mx_config_apply_aliases(c, m->fam->aliases, e);
+    if (rc)
+        return rc;
     m->fam->apply_defaults(c);
     if (c->head_dim == MX_UNSET && c->num_attention_heads > 0)
         c->head_dim = c->hidden_size / c->num_attention_heads;
@@ -370,18 +366,27 @@ int mx_model_load(const char *dir, mx_model **out, mx_err *e)
         m->rope_inv_freq[i] =
             1.0f / powf((float)m->cfg.rope_theta, (float)(2 * i) / (float)m->head_dim);
 
-    if ((rc = load_linear(m, "model.embed_tokens", m->vocab, m->d, &m->embed, e)))
+    const mx_names *nm = &m->fam->names;
+    char n[NAME_MAX_LEN];
+    tname(n, "%s.%s", nm->model, nm->embed);
+    if ((rc = load_linear(m, n, m->vocab, m->d, &m->embed, e)))
         goto fail;
     for (int l = 0; l < m->n_layers; l++)
         if ((rc = load_layer(m, l, &m->layers[l], e)))
             goto fail;
-    if ((rc = load_vector(m, "model.norm.weight", m->d, 0, &m->final_norm, e)))
+    tname(n, "%s.%s.weight", nm->model, nm->final_norm);
+    if ((rc = load_vector(m, n, m->d, 0, &m->final_norm, e)))
         goto fail;
-    m->tied = m->cfg.tie_word_embeddings == 1 && !mx_st_find(m->st, "lm_head.weight");
+    tname(n, "%s.weight", nm->lm_head);
+    m->tied = m->cfg.tie_word_embeddings == 1 && !mx_st_find(m->st, n);
     if (m->tied)
         m->lm_head = m->embed;
-    else if ((rc = load_linear(m, "lm_head", m->vocab, m->d, &m->lm_head, e)))
+    else if ((rc = load_linear(m, nm->lm_head, m->vocab, m->d, &m->lm_head, e)))
         goto fail;
+    if (!(m->gather = mx_moe_gather_state_new())) {
+        rc = mx_fail(e, MX_ENOMEM, "out of memory");
+        goto fail;
+    }
     *out = m;
     return MX_OK;
 fail:
@@ -396,8 +401,9 @@ void mx_model_free(mx_model *m)
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);
-    free(m->scratch);
-    free(m->dec_buf);
+    mx_arena_free(&m->arena);
+    mx_arena_free(&m->moe_arena);
+    mx_moe_gather_state_free(m->gather);
     mx_st_close(m->st);
     mx_config_free(&m->cfg);
     free(m->dir);

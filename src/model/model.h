@@ -1,15 +1,16 @@
 /* model.h - a loaded model and the forward pass.
  *
- * A token's path (forward.c): embedding row -> for each layer
- * [RMSNorm -> attention -> residual -> RMSNorm -> MoE block or dense MLP ->
- * residual] -> final RMSNorm -> lm_head -> logits.  A single decoded token
- * takes the same path inside one parallel region (decode.c).
+ * A token's path (forward.c, one function per block): embedding row ->
+ * for each layer [RMSNorm -> attention -> residual -> RMSNorm -> MoE
+ * experts or dense MLP -> residual] -> final RMSNorm -> lm_head -> logits.
+ * The same code runs a one-token decode step, a prompt and a batched decode
+ * step of several sequences.
  *
  * Weights are views into the mmap'ed safetensors (see load.c); only norm
  * weights and biases are converted to f32 at load.  A sequence's state (KV
  * cache and position) lives in its own mx_seq so several sequences can be
  * decoded side by side.  One forward call runs at a time per model (the
- * model owns the scratch buffers). */
+ * model owns the scratch arenas). */
 #ifndef MX_MODEL_H
 #define MX_MODEL_H
 
@@ -19,13 +20,9 @@
 #include "format/safetensors.h"
 #include "moe/moe.h"
 #include "quant/quant.h"
+#include "util/scratch.h"
 
 typedef struct mx_family mx_family;
-
-/* A dense SwiGLU MLP (also the Qwen2-MoE shared expert). */
-typedef struct mx_mlp {
-    mx_linear gate, up, down;    /* [ff, d], [ff, d], [d, ff] */
-} mx_mlp;
 
 typedef struct mx_attn {
     mx_linear q, k, v, o;        /* q [nh*hd, d], k/v [nkv*hd, d], o [d, nh*hd] */
@@ -34,10 +31,11 @@ typedef struct mx_attn {
 
 typedef struct mx_moe_block {
     mx_linear router;            /* [E, d] */
+    mx_router rule;              /* how its logits become a route */
     mx_experts experts;
     int has_shared;
-    mx_mlp shared;               /* Qwen2-MoE shared expert */
-    mx_linear shared_gate;       /* [1, d] */
+    mx_mlp shared;               /* a shared expert (Qwen2-MoE) */
+    mx_linear shared_gate;       /* [1, d]: its weight is sigmoid(shared_gate x) */
 } mx_moe_block;
 
 typedef struct mx_layer {
@@ -66,11 +64,10 @@ typedef struct mx_model {
     /* allocations to free */
     void **owned;
     int n_owned, cap_owned;
-    /* scratch for forward and for the decode step (grown as needed) */
-    float *scratch;
-    size_t scratch_cap;
-    unsigned char *dec_buf;
-    size_t dec_cap;
+    /* scratch of a forward call: the pass's activations, and the gather
+     * path's buffers and state (util/scratch.h) */
+    mx_arena arena, moe_arena;
+    mx_moe_gather_state *gather;
 } mx_model;
 
 /* Loads DIR (config.json, generation_config.json, safetensors). */

@@ -1,6 +1,6 @@
-/* ops.h - the small per-token operations shared by the forward pass
- * (forward.c) and the single-token decode step (decode.c): RMSNorm, RoPE,
- * the KV cache layout, one head of attention.  Internal to src/model.
+/* ops.h - the small per-token operations of the forward pass (forward.c):
+ * RMSNorm, RoPE, the KV cache layout, one head of attention, an embedding
+ * row.  Internal to src/model.
  *
  * Numerics follow transformers in float32: RMSNorm with the mean of squares
  * (accumulated in double here, which only rounds closer), rotate-half RoPE
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "util/half.h"
+#include "util/dtype.h"
 
 /* 1 / rms(x), the factor RMSNorm applies before its weight. */
 static inline float mx_rms_inv(const float *x, int64_t n, float eps)
@@ -89,20 +89,9 @@ static inline void mx_embed_row(const mx_model *m, int32_t id, float *out)
         mx_qmat_row(&E->q, id, out);
         return;
     }
-    const size_t off = (size_t)id * (size_t)m->d;
-    for (int i = 0; i < m->d; i++) {
-        switch (E->wdtype) {
-        case MX_F16: out[i] = mx_f16_to_f32(((const uint16_t *)E->w)[off + i]); break;
-        case MX_BF16: out[i] = mx_bf16_to_f32(((const uint16_t *)E->w)[off + i]); break;
-        default: out[i] = ((const float *)E->w)[off + i]; break;
-        }
-    }
+    const int64_t off = (int64_t)id * m->d;
+    for (int i = 0; i < m->d; i++)
+        out[i] = mx_dtype_get(E->w, E->wdtype, off + i);
 }
-
-/* Single-token decode in one parallel region (decode.c): whether this model
- * can take it now (the fused MoE path enabled and taking every MoE layer),
- * and the step itself. */
-int mx_decode_ok(const mx_model *m);
-int mx_decode_token(mx_model *m, mx_seq *s, int32_t token, float *logits, mx_err *e);
 
 #endif

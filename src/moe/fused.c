@@ -1,7 +1,7 @@
 /* fused.c - the fused single-token MoE kernel.
  *
- * For one token x and its experts j (the k routed ones, plus optionally a
- * shared expert or a dense MLP with its own weight), out = sum_j w_j *
+ * For one token x and its experts j (the k routed ones, plus any shared
+ * expert or dense MLP with its own weight), out = sum_j w_j *
  * down_j(silu(gate_j x) * up_j x), in two phases split over the threads:
  *   phase 1  the gate and up rows of all experts, concatenated (sum of their
  *            widths), split evenly; each thread computes g = gate row . x and
@@ -12,48 +12,25 @@
  *            its rows, sum_j w_j * (down_j row . h_j): the router weight is
  *            folded in and no reduction is needed.
  * Every weight byte is read once and both phases keep every thread busy
- * whatever k is.  The phases are separate functions so that the decode step
- * (model/decode.c) runs them inside its own parallel region, beside the
- * shared expert; mx_moe_fused runs them in a region of its own.  Each thread
- * prepares x (once per group size) and each h_j itself: a shared copy would
- * cost one more barrier, which stalls when a core is busy elsewhere. */
+ * whatever k is.  Each thread prepares x (once per group size, inside its
+ * mx_vec) and each h_j itself: a shared copy would cost one more barrier,
+ * which stalls when a core is busy elsewhere. */
 #include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "moe/moe.h"
 #include "util/parallel.h"
-#include "util/scratch.h"
 
-const char *mx_moe_fused_declines(const mx_experts *ex)
+const char *mx_moe_fused_takes(const mx_linear *gate, const mx_linear *up, const mx_linear *down)
 {
-    static _Thread_local char why[128];
-    for (int i = 0; i < ex->n; i++)
-        if (!ex->gate[i].quantized || !ex->up[i].quantized || !ex->down[i].quantized)
-            return "experts are not quantized";
-    if (ex->d_ff > mx_moe_fused_max_dff()) {
-        snprintf(why, sizeof why, "d_ff %lld exceeds MLXCEL_FUSED_MOE_MAX_DFF=%lld",
-                 (long long)ex->d_ff, (long long)mx_moe_fused_max_dff());
-        return why;
-    }
+    if (!gate->quantized || !up->quantized || !down->quantized)
+        return "experts are not quantized";
     return NULL;
 }
 
-/* ---- the plan and its two phases --------------------------------------- */
+/* ---- the plan --------------------------------------------------------------- */
 
-static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-void mx_moe_plan_init(mx_moe_plan *p, const mx_experts *ex, const mx_route *r)
-{
-    p->n = 0;
-    p->off[0] = 0;
-    p->d_model = ex->d_model;
-    for (int j = 0; j < r->k; j++)
-        mx_moe_plan_add(p, &ex->gate[r->idx[j]], &ex->up[r->idx[j]], &ex->down[r->idx[j]], r->w[j]);
-}
-
-void mx_moe_plan_add(mx_moe_plan *p, const mx_linear *gate, const mx_linear *up,
+static void plan_add(mx_moe_plan *p, const mx_linear *gate, const mx_linear *up,
                      const mx_linear *down, float w)
 {
     const int j = p->n++;
@@ -62,10 +39,57 @@ void mx_moe_plan_add(mx_moe_plan *p, const mx_linear *gate, const mx_linear *up,
     p->down[j] = down;
     p->w[j] = w;
     p->off[j + 1] = p->off[j] + gate->rows;
-    p->d_model = down->rows;
 }
 
-void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t lo, int64_t hi)
+void mx_moe_plan_of(mx_moe_plan *p, const mx_moe_job *j)
+{
+    p->n = 0;
+    p->off[0] = 0;
+    p->d_model = j->d_model;
+    if (j->ex) {
+        const mx_route *r = &j->routes[0];
+        for (int i = 0; i < r->k; i++) {
+            const int e = r->idx[i];
+            plan_add(p, &j->ex->gate[e], &j->ex->up[e], &j->ex->down[e], r->w[i]);
+        }
+    }
+    for (int m = 0; m < j->n_extra; m++)
+        plan_add(p, &j->extra[m]->gate, &j->extra[m]->up, &j->extra[m]->down,
+                 j->extra_w[m] ? j->extra_w[m][0] : 1.0f);
+}
+
+/* Each thread's part of the buffer: the phase-2 row buffer and one
+ * prepared h per expert. */
+static size_t thread_bytes(const mx_moe_plan *p)
+{
+    size_t n = mx_align64((size_t)p->d_model * sizeof(float));
+    for (int j = 0; j < p->n; j++)
+        n += mx_align64(mx_vec_bytes(p->off[j + 1] - p->off[j]));
+    return n;
+}
+
+size_t mx_moe_fused_bytes(const mx_moe_plan *p, int nth)
+{
+    return 2 * mx_align64((size_t)p->off[p->n] * sizeof(float)) + (size_t)nth * thread_bytes(p);
+}
+
+size_t mx_moe_fused_bytes_max(int64_t d_model, int k, int64_t d_ff, const int64_t *extra_ff,
+                              int n_extra, int nth)
+{
+    int64_t h = (int64_t)k * d_ff;
+    size_t per = mx_align64((size_t)d_model * sizeof(float)) +
+                 (size_t)k * mx_align64(mx_vec_bytes(d_ff > 0 ? d_ff : 1));
+    for (int m = 0; m < n_extra; m++) {
+        h += extra_ff[m];
+        per += mx_align64(mx_vec_bytes(extra_ff[m]));
+    }
+    return 2 * mx_align64((size_t)h * sizeof(float)) + (size_t)nth * per;
+}
+
+/* ---- the two phases --------------------------------------------------------- */
+
+/* Phase 1 for rows [lo, hi) of the experts' gate/up rows stacked. */
+static void phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t lo, int64_t hi)
 {
     for (int j = 0; j < p->n && lo < hi; j++) {
         const int64_t a = p->off[j], b = p->off[j + 1];
@@ -80,75 +104,43 @@ void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t 
     }
 }
 
-size_t mx_moe_phase2_bytes(const mx_moe_plan *p)
-{
-    size_t n = al64((size_t)p->d_model * sizeof(float));
-    for (int j = 0; j < p->n; j++)
-        n += al64(mx_vec_bytes(p->off[j + 1] - p->off[j]));
-    return n;
-}
-
-void mx_moe_phase2_init(const mx_moe_plan *p, const float *h, void *scratch, mx_moe_hvecs *hv)
-{
-    unsigned char *buf = scratch;
-    hv->row = (float *)(void *)buf;
-    buf += al64((size_t)p->d_model * sizeof(float));
-    for (int j = 0; j < p->n; j++) {
-        const int64_t ff = p->off[j + 1] - p->off[j];
-        mx_vec_init(&hv->h[j], h + p->off[j], ff, buf);
-        buf += al64(mx_vec_bytes(ff));
-    }
-}
-
-void mx_moe_phase2(const mx_moe_plan *p, mx_moe_hvecs *hv, float *out, int64_t lo, int64_t hi)
+/* Phase 2 for output rows [lo, hi): out[r] = sum_j w_j down_j . h_j, each
+ * h_j prepared (into hv[j]) on this thread's first use of it. */
+static void phase2(const mx_moe_plan *p, mx_vec *hv, float *row, float *out, int64_t lo, int64_t hi)
 {
     if (lo >= hi)
         return;
     memset(out + lo, 0, sizeof *out * (size_t)(hi - lo));
     for (int j = 0; j < p->n; j++) {
-        /* each h_j is prepared on this thread's first use of it */
-        mx_linear_rows(p->down[j], &hv->h[j], hv->row, lo, hi);
+        mx_linear_rows(p->down[j], &hv[j], row, lo, hi);
         const float w = p->w[j];
         for (int64_t i = lo; i < hi; i++)
-            out[i] += w * hv->row[i];
+            out[i] += w * row[i];
     }
 }
 
-/* ---- the standalone kernel (its own parallel region) -------------------- */
-
-/* Scratch reused across calls: h and u (sum of widths each), then per
- * thread a prepared x and the phase-2 buffers. */
-static mx_scratch g_scratch = MX_SCRATCH_INIT;
-
-void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float *out)
+void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out)
 {
-    mx_moe_plan p;
-    mx_moe_plan_init(&p, ex, r);
-    const int nth = mx_threads();
-    const size_t hb = al64((size_t)p.off[p.n] * sizeof(float));
-    const size_t per_thread = al64(mx_vec_bytes(ex->d_model)) + al64(mx_moe_phase2_bytes(&p));
-    size_t cap = 0;
-    unsigned char *buf = mx_scratch_take(&g_scratch, 2 * hb + per_thread * (size_t)nth, &cap);
-    if (!buf) {
-        /* Out of memory for scratch: the gather path reports its own errors. */
-        mx_moe_gather(ex, r, x, 1, out, NULL);
-        return;
-    }
-    float *h = (float *)(void *)buf, *u = (float *)(void *)(buf + hb);
-#pragma omp parallel num_threads(nth)
-    {
-        const int ith = omp_get_thread_num(), nt = omp_get_num_threads();
-        unsigned char *mine = buf + 2 * hb + per_thread * (size_t)ith;
-        mx_vec xv;
-        mx_vec_init(&xv, x, ex->d_model, mine);
-        long lo, hi;
-        mx_split((long)p.off[p.n], ith, nt, &lo, &hi);
-        mx_moe_phase1(&p, &xv, h, u, lo, hi);
+    const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+    const size_t hb = mx_align64((size_t)p->off[p->n] * sizeof(float));
+    unsigned char *base = buf;
+    float *h = (float *)(void *)base, *u = (float *)(void *)(base + hb);
+    /* this thread's block: the row buffer, then each h_j's prepared form */
+    unsigned char *mine = base + 2 * hb + (size_t)ith * thread_bytes(p);
+    float *row = (float *)(void *)mine;
+    mine += mx_align64((size_t)p->d_model * sizeof(float));
+    mx_vec hv[MX_MAX_TOPK + MX_MOE_MAX_EXTRA];
+
+    long lo, hi;
+    mx_split((long)p->off[p->n], ith, nth, &lo, &hi);
+    phase1(p, x, h, u, lo, hi);
 #pragma omp barrier
-        mx_moe_hvecs hv;
-        mx_moe_phase2_init(&p, h, mine + al64(mx_vec_bytes(ex->d_model)), &hv);
-        mx_split((long)p.d_model, ith, nt, &lo, &hi);
-        mx_moe_phase2(&p, &hv, out, lo, hi);
+    for (int j = 0; j < p->n; j++) {
+        const int64_t ff = p->off[j + 1] - p->off[j];
+        mx_vec_init(&hv[j], h + p->off[j], ff, mine);
+        mine += mx_align64(mx_vec_bytes(ff));
     }
-    mx_scratch_give(&g_scratch, buf, cap);
+    mx_split((long)p->d_model, ith, nth, &lo, &hi);
+    phase2(p, hv, row, out, lo, hi);
+#pragma omp barrier
 }

@@ -1,15 +1,18 @@
 /* gather.c - the general expert path for any number of tokens.
  *
- * (token, expert) pairs are grouped by expert, so each selected expert's
- * weights are streamed once per call for all of its tokens, and all experts
- * of the block run in one parallel region, in five steps:
- *   1  each expert's tokens (gathered rows of x) prepared as a batch
- *   2  the gate and up rows of every selected expert in chunks, handed out
- *      dynamically (experts differ in token count, so in work), with
+ * A job's (token, expert) pairs are grouped by expert: one group per
+ * selected routed expert with the tokens that chose it, and one group per
+ * extra MLP (shared expert, dense MLP) with every token.  Each group's
+ * weights are then streamed once for all of its tokens, and all groups of
+ * the block run in five steps shared by the team:
+ *   1  each group's tokens (gathered rows of x) prepared as a batch
+ *   2  the gate and up rows of every group in chunks, handed out
+ *      dynamically (groups differ in token count, so in work), with
  *      h = silu(g) * u for the chunk's rows
- *   3  each expert's h prepared as a batch
+ *   3  each group's h prepared as a batch
  *   4  the down rows, the same way
- *   5  each token's output: its experts' rows weighted by the router
+ *   5  each token's output: its groups' rows weighted, in the job's order
+ *      (routed experts as ranked, then the extras)
  * A batch of a few tokens runs the matvec kernel over each weight line once
  * for all of them; a large one the prefill (tile) kernel (quant/batch.c). */
 #include <omp.h>
@@ -18,29 +21,168 @@
 
 #include "moe/moe.h"
 #include "util/parallel.h"
-#include "util/scratch.h"
 
 #define ROW_CHUNK 64   /* rows per work item at 16+ tokens: a multiple of the tile kernel's 32 */
 #define TOK_CHUNK 8    /* tokens per preparation item */
 
-static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-/* Scratch reused across calls: the sizes repeat from layer to layer, and
- * fresh large allocations would fault in their pages every time. */
-static mx_scratch g_scratch = MX_SCRATCH_INIT;
-
 typedef struct group {
-    int e;               /* expert */
-    int64_t off, n;      /* its slots [off, off+n) */
-    mx_batch bx, bh;     /* its x rows and its h rows, prepared */
-    int64_t chunk;       /* rows per work item */
+    const mx_linear *gate, *up, *down;
+    int64_t F;                /* its width */
+    int64_t off, n;           /* its slots [off, off+n) */
+    int64_t hoff;             /* its h and u rows start at hoff (n rows of F) */
+    const float *X;           /* its x rows (ld = d_model) */
+    mx_batch bx, bh;          /* its x rows and its h rows, prepared */
+    int64_t chunk;            /* rows per work item */
     int64_t item_f, item_d;   /* its first gate/up item, its first down item */
 } group;
 
-/* Rows per work item for an expert with n tokens: 64 rows is plenty of work
+struct mx_moe_gather_state {
+    int rc;                   /* MX_OK, or the setup's failure (seen by all) */
+    int ng;
+    group *grp;
+    int64_t *slot_of, *tbase; /* token t's slots: slot_of[tbase[t] .. tbase[t+1]) */
+    float *wslot;             /* weight of each slot */
+    float *g, *u;             /* each group's gate (then h) and up rows, at its hoff */
+    float *y;                 /* [P][D] each slot's expert output */
+    int64_t n_tok_items, n_f_items, n_d_items;
+    int64_t *count, *first;   /* per routed expert */
+    size_t cap_e, cap_g, cap_p, cap_w, cap_t;   /* capacities of the arrays above */
+};
+
+mx_moe_gather_state *mx_moe_gather_state_new(void) { return calloc(1, sizeof(mx_moe_gather_state)); }
+
+void mx_moe_gather_state_free(mx_moe_gather_state *s)
+{
+    if (!s)
+        return;
+    free(s->grp), free(s->slot_of), free(s->tbase), free(s->wslot), free(s->count);
+    free(s);
+}
+
+/* Grows *p to hold n elements of size sz (capacity in *cap). */
+static int grow(void *pp, size_t *cap, size_t n, size_t sz)
+{
+    void **p = pp;
+    if (n <= *cap)
+        return 0;
+    size_t c = n + n / 2 + 16;
+    void *q = realloc(*p, c * sz);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* Rows per work item for a group with n tokens: 64 rows is plenty of work
  * at 16 tokens; with fewer, longer row runs keep the weight streams long
  * enough for the hardware prefetcher (1024 rows for one token). */
 static int64_t chunk_rows(int64_t n) { return ROW_CHUNK * (n >= 16 ? 1 : 16 / n); }
+
+static int gs_of(const mx_linear *l) { return l->quantized ? l->q.group_size : 64; }
+
+/* The setup, on one thread: groups, slots, buffers, batches.  Returns
+ * MX_OK or MX_ENOMEM. */
+static int setup(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *arena)
+{
+    const int64_t T = j->T, D = j->d_model;
+    const int E = j->ex ? j->ex->n : 0;
+    int64_t P = 0;   /* (token, group) slots */
+    for (int64_t t = 0; j->ex && t < T; t++)
+        P += j->routes[t].k;
+    P += T * j->n_extra;
+    const int max_groups = E + j->n_extra;
+    if (grow(&st->count, &st->cap_e, 2 * (size_t)(E ? E : 1), sizeof *st->count) ||
+        grow(&st->grp, &st->cap_g, (size_t)(max_groups ? max_groups : 1), sizeof *st->grp) ||
+        grow(&st->slot_of, &st->cap_p, (size_t)(P ? P : 1), sizeof *st->slot_of) ||
+        grow(&st->wslot, &st->cap_w, (size_t)(P ? P : 1), sizeof *st->wslot) ||
+        grow(&st->tbase, &st->cap_t, (size_t)T + 1, sizeof *st->tbase))
+        return MX_ENOMEM;
+    int64_t *count = st->count, *first = st->count + (E ? E : 1);
+    memset(count, 0, sizeof *count * (size_t)(E ? E : 1));
+    for (int64_t t = 0; j->ex && t < T; t++)
+        for (int i = 0; i < j->routes[t].k; i++)
+            count[j->routes[t].idx[i]]++;
+
+    /* groups: routed experts in expert order, then the extras */
+    group *grp = st->grp;
+    int ng = 0;
+    int64_t off = 0, hoff = 0;
+    for (int e = 0; e < E; e++) {
+        if (!count[e])
+            continue;
+        grp[ng] = (group){.gate = &j->ex->gate[e], .up = &j->ex->up[e], .down = &j->ex->down[e],
+                          .F = j->ex->d_ff, .off = off, .n = count[e], .hoff = hoff};
+        first[e] = off;
+        off += count[e];
+        hoff += count[e] * j->ex->d_ff;
+        ng++;
+    }
+    const int64_t routed_slots = off;
+    for (int m = 0; m < j->n_extra; m++) {
+        const mx_mlp *x = j->extra[m];
+        grp[ng] = (group){.gate = &x->gate, .up = &x->up, .down = &x->down, .F = x->gate.rows,
+                          .off = off, .n = T, .hoff = hoff, .X = j->x};
+        off += T;
+        hoff += T * x->gate.rows;
+        ng++;
+    }
+    st->ng = ng;
+
+    /* buffers: gathered x rows of the routed slots, g and u, y */
+    size_t need = mx_align64((size_t)(routed_slots * D) * sizeof(float)) +
+                  2 * mx_align64((size_t)hoff * sizeof(float)) +
+                  mx_align64((size_t)(P * D) * sizeof(float));
+    for (int i = 0; i < ng; i++)
+        need += mx_align64(mx_batch_bytes(grp[i].n, D, gs_of(grp[i].gate))) +
+                mx_align64(mx_batch_bytes(grp[i].n, grp[i].F, gs_of(grp[i].down)));
+    if (mx_arena_reserve(arena, need))
+        return MX_ENOMEM;
+    float *xs = mx_arena_take(arena, (size_t)(routed_slots * D) * sizeof(float));
+    st->g = mx_arena_take(arena, (size_t)hoff * sizeof(float));
+    st->u = mx_arena_take(arena, (size_t)hoff * sizeof(float));
+    st->y = mx_arena_take(arena, (size_t)(P * D) * sizeof(float));
+
+    /* each token's slots in job order: its routed experts as ranked, then
+     * the extras; the routed experts' x rows gathered in token order */
+    memset(count, 0, sizeof *count * (size_t)(E ? E : 1));
+    int64_t *tbase = st->tbase;
+    tbase[0] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const int k = j->ex ? j->routes[t].k : 0;
+        tbase[t + 1] = tbase[t] + k + j->n_extra;
+        for (int i = 0; i < k; i++) {
+            const int e = j->routes[t].idx[i];
+            const int64_t s = first[e] + count[e]++;
+            st->slot_of[tbase[t] + i] = s;
+            st->wslot[s] = j->routes[t].w[i];
+            memcpy(xs + s * D, j->x + t * D, sizeof *xs * (size_t)D);
+        }
+        for (int m = 0; m < j->n_extra; m++) {
+            const int64_t s = grp[ng - j->n_extra + m].off + t;
+            st->slot_of[tbase[t] + k + m] = s;
+            st->wslot[s] = j->extra_w[m] ? j->extra_w[m][t] : 1.0f;
+        }
+    }
+    /* batches and work items */
+    st->n_tok_items = st->n_f_items = st->n_d_items = 0;
+    for (int i = 0; i < ng; i++) {
+        group *G = &grp[i];
+        if (!G->X)
+            G->X = xs + G->off * D;
+        mx_batch_init(&G->bx, G->X, D, G->n, D, gs_of(G->gate),
+                      mx_arena_take(arena, mx_batch_bytes(G->n, D, gs_of(G->gate))));
+        mx_batch_init(&G->bh, st->g + G->hoff, G->F, G->n, G->F, gs_of(G->down),
+                      mx_arena_take(arena, mx_batch_bytes(G->n, G->F, gs_of(G->down))));
+        G->chunk = chunk_rows(G->n);
+        G->item_f = st->n_f_items;
+        G->item_d = st->n_d_items;
+        st->n_tok_items += (G->n + TOK_CHUNK - 1) / TOK_CHUNK;
+        st->n_f_items += (G->F + G->chunk - 1) / G->chunk;
+        st->n_d_items += (D + G->chunk - 1) / G->chunk;
+    }
+    return MX_OK;
+}
 
 /* Prepares the batch (x rows when h == 0, else h rows) of token-chunk item
  * `it`: items run over the groups' tokens, TOK_CHUNK at a time. */
@@ -67,135 +209,58 @@ static int group_of(const group *grp, int ng, int64_t it, int down)
     return lo;
 }
 
-int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,
-                  float *out, mx_err *e)
+int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *arena, mx_err *e)
 {
-    const int64_t D = ex->d_model, F = ex->d_ff;
-    int64_t P = 0;                       /* (token, expert) slots */
-    for (int64_t t = 0; t < T; t++)
-        P += routes[t].k;
-    if (P == 0) {
-        memset(out, 0, sizeof *out * (size_t)(T * D));
-        return MX_OK;
-    }
-    /* per expert: token count, first slot, group; per slot: a token's j-th
-     * expert -> slot, the slot's router weight; per token: its first in
-     * slot_of (tbase) */
-    const size_t nE = (size_t)ex->n;
-    int64_t *count = calloc(2 * nE, sizeof *count), *first = count + nE;
-    group *grp = malloc(sizeof *grp * nE);
-    int64_t *slot_of = malloc(sizeof *slot_of * (size_t)(P + T + 1)), *tbase = slot_of + P;
-    float *wslot = malloc(sizeof *wslot * (size_t)P);
-    unsigned char *buf = NULL;
-    size_t cap = 0;
-    if (!count || !grp || !slot_of || !wslot)
-        goto oom;
-    for (int64_t t = 0; t < T; t++)
-        for (int j = 0; j < routes[t].k; j++)
-            count[routes[t].idx[j]]++;
-    /* groups in expert order; slots grouped by expert */
-    int ng = 0;
-    int64_t off = 0;
-    for (int i = 0; i < ex->n; i++)
-        if (count[i]) {
-            grp[ng] = (group){.e = i, .off = off, .n = count[i]};
-            first[i] = off;
-            off += count[i];
-            ng++;
-        }
-    /* scratch: xs [P][D], g, u [P][F], y [P][D], then the batches */
-    const int gsx = ex->gate[grp[0].e].quantized ? ex->gate[grp[0].e].q.group_size : 64;
-    const int gsh = ex->down[grp[0].e].quantized ? ex->down[grp[0].e].q.group_size : 64;
-    size_t need = al64((size_t)(P * D) * sizeof(float)) * 2 + al64((size_t)(P * F) * sizeof(float)) * 2;
-    for (int i = 0; i < ng; i++)
-        need += al64(mx_batch_bytes(grp[i].n, D, gsx)) + al64(mx_batch_bytes(grp[i].n, F, gsh));
-    buf = mx_scratch_take(&g_scratch, need, &cap);
-    if (!buf)
-        goto oom;
-    float *xs = (float *)(void *)buf;
-    float *g = (float *)(void *)(buf + al64((size_t)(P * D) * sizeof(float)));
-    float *u = g + al64((size_t)(P * F) * sizeof(float)) / sizeof(float);
-    float *y = u + al64((size_t)(P * F) * sizeof(float)) / sizeof(float);
-    unsigned char *bp = (unsigned char *)(y + al64((size_t)(P * D) * sizeof(float)) / sizeof(float));
-    /* each expert's tokens in token order */
-    memset(count, 0, sizeof *count * (size_t)ex->n);
-    tbase[0] = 0;
-    for (int64_t t = 0; t < T; t++) {
-        tbase[t + 1] = tbase[t] + routes[t].k;
-        for (int j = 0; j < routes[t].k; j++) {
-            const int ei = routes[t].idx[j];
-            const int64_t s = first[ei] + count[ei]++;
-            slot_of[tbase[t] + j] = s;
-            wslot[s] = routes[t].w[j];
-            memcpy(xs + s * D, x + t * D, sizeof *xs * (size_t)D);
-        }
-    }
-    for (int i = 0; i < ng; i++) {
-        mx_batch_init(&grp[i].bx, xs + grp[i].off * D, D, grp[i].n, D, gsx, bp);
-        bp += al64(mx_batch_bytes(grp[i].n, D, gsx));
-        mx_batch_init(&grp[i].bh, g + grp[i].off * F, F, grp[i].n, F, gsh, bp);
-        bp += al64(mx_batch_bytes(grp[i].n, F, gsh));
-    }
-    /* work items: (group, token chunk) and (group, row chunk) */
-    int64_t n_tok_items = 0;
-    for (int i = 0; i < ng; i++)
-        n_tok_items += (grp[i].n + TOK_CHUNK - 1) / TOK_CHUNK;
-    int64_t n_f_items = 0, n_d_items = 0;
-    for (int i = 0; i < ng; i++) {
-        grp[i].chunk = chunk_rows(grp[i].n);
-        grp[i].item_f = n_f_items;
-        grp[i].item_d = n_d_items;
-        n_f_items += (F + grp[i].chunk - 1) / grp[i].chunk;
-        n_d_items += (D + grp[i].chunk - 1) / grp[i].chunk;
-    }
-    const int nth = mx_threads();
-
-#pragma omp parallel num_threads(nth)
+    const int64_t D = j->d_model;
+#pragma omp single
     {
-        /* 1: prepare each expert's x rows */
+        st->rc = setup(j, st, arena);
+        if (st->rc)
+            mx_fail(e, st->rc, "moe gather: out of memory for %lld tokens", (long long)j->T);
+    }
+    if (st->rc)
+        return st->rc;
+    group *grp = st->grp;
+    const int ng = st->ng;
+    /* 1: prepare each group's x rows */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_tok_items; it++)
-            prep_item(grp, it, 0);
-        /* 2: gate and up rows, h = silu(g) * u */
+    for (int64_t it = 0; it < st->n_tok_items; it++)
+        prep_item(grp, it, 0);
+    /* 2: gate and up rows, h = silu(g) * u (h overwrites g) */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_f_items; it++) {
-            const group *G = &grp[group_of(grp, ng, it, 0)];
-            const int64_t r0 = (it - G->item_f) * G->chunk, r1 = r0 + G->chunk < F ? r0 + G->chunk : F;
-            float *gg = g + G->off * F, *uu = u + G->off * F;
-            mx_linear_rows_batch(&ex->gate[G->e], &G->bx, gg, F, r0, r1);
-            mx_linear_rows_batch(&ex->up[G->e], &G->bx, uu, F, r0, r1);
-            for (int64_t t = 0; t < G->n; t++)
-                for (int64_t r = r0; r < r1; r++)
-                    gg[t * F + r] = mx_silu(gg[t * F + r]) * uu[t * F + r];
-        }
-        /* 3: prepare each expert's h rows */
+    for (int64_t it = 0; it < st->n_f_items; it++) {
+        const group *G = &grp[group_of(grp, ng, it, 0)];
+        const int64_t F = G->F, r0 = (it - G->item_f) * G->chunk,
+                      r1 = r0 + G->chunk < F ? r0 + G->chunk : F;
+        float *gg = st->g + G->hoff, *uu = st->u + G->hoff;
+        mx_linear_rows_batch(G->gate, &G->bx, gg, F, r0, r1);
+        mx_linear_rows_batch(G->up, &G->bx, uu, F, r0, r1);
+        for (int64_t t = 0; t < G->n; t++)
+            for (int64_t r = r0; r < r1; r++)
+                gg[t * F + r] = mx_silu(gg[t * F + r]) * uu[t * F + r];
+    }
+    /* 3: prepare each group's h rows */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_tok_items; it++)
-            prep_item(grp, it, 1);
-        /* 4: down rows */
+    for (int64_t it = 0; it < st->n_tok_items; it++)
+        prep_item(grp, it, 1);
+    /* 4: down rows */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_d_items; it++) {
-            const group *G = &grp[group_of(grp, ng, it, 1)];
-            const int64_t r0 = (it - G->item_d) * G->chunk, r1 = r0 + G->chunk < D ? r0 + G->chunk : D;
-            mx_linear_rows_batch(&ex->down[G->e], &G->bh, y + G->off * D, D, r0, r1);
-        }
-        /* 5: each token's weighted sum over its experts, in route order */
+    for (int64_t it = 0; it < st->n_d_items; it++) {
+        const group *G = &grp[group_of(grp, ng, it, 1)];
+        const int64_t r0 = (it - G->item_d) * G->chunk, r1 = r0 + G->chunk < D ? r0 + G->chunk : D;
+        mx_linear_rows_batch(G->down, &G->bh, st->y + G->off * D, D, r0, r1);
+    }
+    /* 5: each token's weighted sum over its slots, in job order */
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++) {
-            float *o = out + t * D;
-            memset(o, 0, sizeof *o * (size_t)D);
-            for (int j = 0; j < routes[t].k; j++) {
-                const int64_t s = slot_of[tbase[t] + j];
-                const float w = wslot[s], *ys = y + s * D;
-                for (int64_t d = 0; d < D; d++)
-                    o[d] += w * ys[d];
-            }
+    for (int64_t t = 0; t < j->T; t++) {
+        float *o = j->out + t * D;
+        memset(o, 0, sizeof *o * (size_t)D);
+        for (int64_t i = st->tbase[t]; i < st->tbase[t + 1]; i++) {
+            const int64_t s = st->slot_of[i];
+            const float w = st->wslot[s], *ys = st->y + s * D;
+            for (int64_t d = 0; d < D; d++)
+                o[d] += w * ys[d];
         }
     }
-    mx_scratch_give(&g_scratch, buf, cap);
-    free(count), free(grp), free(slot_of), free(wslot);
     return MX_OK;
-oom:
-    free(count), free(grp), free(slot_of), free(wslot);
-    return mx_fail(e, MX_ENOMEM, "moe gather: out of memory for %lld tokens", (long long)T);
 }

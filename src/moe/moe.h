@@ -1,113 +1,187 @@
-/* moe.h - mixture-of-experts block: router, gather path, fused decode path.
+/* moe.h - the feed-forward block of a mixture-of-experts layer.
  *
- *   logits = router(x)                       [E]
- *   p = softmax(logits); top-k; renormalise when norm_topk_prob
- *   y = sum_k p_k * down_k(silu(gate_k x) * up_k x)
+ *   logits = router(x)                              [E]   (the model)
+ *   route  = the router's rule: k experts and weights     (router.c)
+ *   y = sum_k w_k * down_k(silu(gate_k x) * up_k x)
+ *       + sum_m v_m * mlp_m(x)                           (shared expert, dense MLP)
  *
- * Two ways to compute the expert sum:
+ * The expert sum of T tokens is described once, as a job (which experts run
+ * on which tokens with which weights), and computed by one of two paths:
+ *   fused   one token: the gate/up rows of all its experts split evenly over
+ *           the threads with silu(g)*u in the epilogue, then the output rows
+ *           split evenly with the weights folded in (fused.c)
  *   gather  any number of tokens: (token, expert) pairs grouped by expert,
- *           each selected expert's weights streamed once per batch.  The
- *           proven baseline, used for prefill and whenever fused declines.
- *   fused   one token: gate/up of the k experts with silu(g)*u folded into
- *           the epilogue, then down with the router weight folded in; all
- *           threads busy in both phases, one barrier, no allocation.
- * The shared expert (Qwen2-MoE) is added by the model, not here. */
+ *           each selected expert's weights streamed once for all its tokens
+ *           (gather.c).  The proven baseline: prefill, batched decode, and
+ *           whatever fused declines.
+ * Which path runs is decided in one function, mx_moe_choose (dispatch.c),
+ * which also owns the environment switches and the dispatch statistics.
+ *
+ * Both paths run inside the caller's OpenMP parallel region: every thread
+ * of the team calls them (the model's forward pass is one region per
+ * call).  mx_moe_fused / mx_moe_gather below wrap them in a region of
+ * their own for tests and benchmarks. */
 #ifndef MX_MOE_H
 #define MX_MOE_H
 
 #include <stdint.h>
 
 #include "quant/quant.h"
+#include "util/scratch.h"
 
 #define MX_MAX_TOPK 64
+/* MLPs besides the routed experts in one block (a shared expert, a dense
+ * MLP running beside the experts). */
+#define MX_MOE_MAX_EXTRA 2
 
+/* A SwiGLU MLP: down(silu(gate x) * up x).  Gate/up [ff, d], down [d, ff]. */
+typedef struct mx_mlp {
+    mx_linear gate, up, down;
+} mx_mlp;
+
+/* The routed experts of one layer (views into the checkpoint). */
 typedef struct mx_experts {
-    int n;                 /* number of experts */
-    int64_t d_model, d_ff; /* x width, expert width */
+    int n;                         /* number of experts */
+    int64_t d_model, d_ff;         /* x width, expert width */
     mx_linear *gate, *up, *down;   /* [n] each: gate/up [d_ff, d_model], down [d_model, d_ff] */
-    int stacked;           /* 1: views into one stacked tensor; 0: per expert */
+    int stacked;                   /* 1: views into one stacked tensor; 0: per expert */
 } mx_experts;
 
+/* One token's choice: k experts and their weights, in the order the router
+ * ranked them. */
 typedef struct mx_route {
     int k;
     int idx[MX_MAX_TOPK];
     float w[MX_MAX_TOPK];
 } mx_route;
 
-/* Softmax over logits[n], top-k (descending, lower index first on ties, as
- * torch.topk), renormalised when norm_topk. */
-void mx_moe_route(const float *logits, int n, int k, int norm_topk, mx_route *r);
+/* ---- routing (router.c): logits in, a route out --------------------------- */
 
-/* Why the fused path would not take this block (NULL when it would). */
-const char *mx_moe_fused_declines(const mx_experts *ex);
+typedef enum mx_router_kind {
+    /* softmax over all experts, top-k (ties to the lower index, as
+     * torch.topk), renormalised when norm_topk */
+    MX_ROUTER_SOFTMAX_TOPK,
+} mx_router_kind;
 
-/* Is the fused path enabled (MLXCEL_FUSED_MOE; tests may override with
- * mx_moe_set_fused) and what is the largest d_ff it takes
- * (MLXCEL_FUSED_MOE_MAX_DFF).  Both variables are read once, not per layer;
- * mx_moe_env_reload makes the next call read them again. */
+/* A layer's routing rule, as the family and config set it. */
+typedef struct mx_router {
+    mx_router_kind kind;
+    int k;                         /* experts per token */
+    int norm_topk;                 /* renormalise the k weights to sum 1 */
+} mx_router;
+
+/* Routes one token from its router logits[n]. */
+void mx_moe_route(const mx_router *rt, const float *logits, int n, mx_route *out);
+
+/* ---- the job --------------------------------------------------------------- */
+
+/* What one block computes for T tokens x [T, d_model]:
+ *   out[t] = sum_j routes[t].w[j] * expert_{routes[t].idx[j]}(x_t)
+ *          + sum_m extra_w[m][t] * extra[m](x_t)
+ * with every path; out [T, d_model] is overwritten. */
+typedef struct mx_moe_job {
+    const mx_experts *ex;          /* routed experts; NULL for a dense layer */
+    const mx_route *routes;        /* [T] (when ex) */
+    int n_extra;
+    const mx_mlp *extra[MX_MOE_MAX_EXTRA];
+    const float *extra_w[MX_MOE_MAX_EXTRA];   /* [T] weight per token; NULL: 1 */
+    const float *x;
+    int64_t T, d_model;
+    float *out;
+} mx_moe_job;
+
+/* ---- dispatch (dispatch.c): the one decision, the switches, the counts ---- */
+
+typedef enum mx_moe_path { MX_MOE_GATHER, MX_MOE_FUSED } mx_moe_path;
+
+/* The path for a job: fused when it is one token, the fused path is enabled
+ * (MLXCEL_FUSED_MOE), every expert's width is within MLXCEL_FUSED_MOE_MAX_DFF
+ * and the fused kernel takes the weights (mx_moe_fused_takes); gather
+ * otherwise.  A pure function of the job and the switches, so every thread
+ * of a team reaches the same answer.  *why (may be NULL) gets the reason
+ * fused was not chosen, or NULL. */
+mx_moe_path mx_moe_choose(const mx_moe_job *j, const char **why);
+
+/* The switches, read from the environment once (not per layer):
+ * MLXCEL_FUSED_MOE (on unless 0/false/off/no, any case) and
+ * MLXCEL_FUSED_MOE_MAX_DFF.  Tests and `bench --compare-fused` override the
+ * first with mx_moe_set_fused (-1 restores the environment's choice);
+ * mx_moe_env_reload makes the next call read the environment again. */
 int mx_moe_fused_enabled(void);
-void mx_moe_set_fused(int on);     /* -1 restores the environment's choice */
+void mx_moe_set_fused(int on);
 int64_t mx_moe_fused_max_dff(void);
 void mx_moe_env_reload(void);
 
-/* One token: out[d_model] = sum_k w_k * expert_k(x).  Overwrites out.
- * Runs the two phases below in a parallel region of its own. */
-void mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float *out);
-
-/* The fused kernel's two phases, for callers that run them inside their
- * own parallel region (every thread calls each phase with its (ith, nth);
- * a barrier separates them).  A plan lists the experts of one token: the
- * routed ones (mx_moe_plan_init) and any SwiGLU MLP added with its own
- * weight (the Qwen2-MoE shared expert, a dense layer). */
-typedef struct mx_moe_plan {
-    int n;
-    const mx_linear *gate[MX_MAX_TOPK + 1], *up[MX_MAX_TOPK + 1], *down[MX_MAX_TOPK + 1];
-    float w[MX_MAX_TOPK + 1];
-    int64_t off[MX_MAX_TOPK + 2];   /* expert j's rows of h: [off[j], off[j+1]) */
-    int64_t d_model;
-} mx_moe_plan;
-
-void mx_moe_plan_init(mx_moe_plan *p, const mx_experts *ex, const mx_route *r);
-/* Adds one more SwiGLU MLP (at most MX_MAX_TOPK + 1 in all). */
-void mx_moe_plan_add(mx_moe_plan *p, const mx_linear *gate, const mx_linear *up,
-                     const mx_linear *down, float w);
-/* Phase 1 for rows [lo, hi) of the experts' gate/up rows stacked (off[n]
- * in all): h[i] = silu(g_i) * u_i; h and u (off[n] floats) are shared by
- * the threads, x is the calling thread's own. */
-void mx_moe_phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t lo, int64_t hi);
-/* Phase 2 (after every thread's phase 1) for output rows [lo, hi) of
- * d_model: out[r] = sum_j w_j down_j . h_j.  A thread sets up its own
- * prepared h_j once per block (mx_moe_phase2_init, over mx_moe_phase2_bytes
- * bytes of its own 64-byte-aligned scratch) and then runs any number of row
- * ranges; each h_j is prepared on its first use. */
-typedef struct mx_moe_hvecs {
-    mx_vec h[MX_MAX_TOPK + 1];
-    float *row;                  /* down_j . h_j for the rows being done */
-} mx_moe_hvecs;
-size_t mx_moe_phase2_bytes(const mx_moe_plan *p);
-void mx_moe_phase2_init(const mx_moe_plan *p, const float *h, void *scratch, mx_moe_hvecs *hv);
-void mx_moe_phase2(const mx_moe_plan *p, mx_moe_hvecs *hv, float *out, int64_t lo, int64_t hi);
-
-/* Counts n MoE-layer executions on the fused path in the dispatch
- * statistics (for callers that run the phases themselves). */
-void mx_moe_count_fused(long n);
-
-/* T tokens: out[T, d_model] = sum over each token's route.  Overwrites out. */
-int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,
-                  float *out, mx_err *e);
-
-/* Computes the expert sum for T tokens, choosing the path: fused when T == 1,
- * enabled, and mx_moe_fused_declines() is NULL; gather otherwise.  Counts
- * the choice in the dispatch statistics. */
-int mx_moe_experts(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,
-                   float *out, mx_err *e);
-
-/* Dispatch statistics: MoE-layer executions on each path. */
+/* Dispatch statistics: MoE-block executions on each path (dense layers are
+ * not counted), counted by the code that ran them.  Printed by
+ * MLXCEL_TRACE_MOE=1 / --stats as `moe-dispatch fused=N gather=M`. */
 typedef struct mx_moe_stats {
     long fused, gather;
 } mx_moe_stats;
 void mx_moe_stats_get(mx_moe_stats *s);
 void mx_moe_stats_reset(void);
+void mx_moe_count(mx_moe_path path, long n);
+
+/* ---- the fused path (fused.c) ---------------------------------------------- */
+
+/* NULL when the fused kernel takes these weights (all quantized: it exists
+ * to stream packed experts), else why not. */
+const char *mx_moe_fused_takes(const mx_linear *gate, const mx_linear *up, const mx_linear *down);
+
+/* One token's experts as the fused kernel runs them: the routed ones and
+ * the extra MLPs, each with its weight. */
+typedef struct mx_moe_plan {
+    int n;
+    const mx_linear *gate[MX_MAX_TOPK + MX_MOE_MAX_EXTRA];
+    const mx_linear *up[MX_MAX_TOPK + MX_MOE_MAX_EXTRA];
+    const mx_linear *down[MX_MAX_TOPK + MX_MOE_MAX_EXTRA];
+    float w[MX_MAX_TOPK + MX_MOE_MAX_EXTRA];
+    int64_t off[MX_MAX_TOPK + MX_MOE_MAX_EXTRA + 1];   /* expert j's rows of h: [off[j], off[j+1]) */
+    int64_t d_model;
+} mx_moe_plan;
+
+/* The plan of a one-token job. */
+void mx_moe_plan_of(mx_moe_plan *p, const mx_moe_job *j);
+/* Bytes of the buffers the fused path needs for plan p with nth threads:
+ * h and u shared (off[n] floats each), then each thread's phase-2
+ * scratch (x comes prepared in the caller's mx_vec). */
+size_t mx_moe_fused_bytes(const mx_moe_plan *p, int nth);
+/* The largest mx_moe_fused_bytes any one-token job of these weights can
+ * need (k routed experts of width d_ff plus the extras). */
+size_t mx_moe_fused_bytes_max(int64_t d_model, int k, int64_t d_ff, const int64_t *extra_ff,
+                              int n_extra, int nth);
+
+/* Runs plan p on the calling thread's share; every thread of the team
+ * calls it with the same plan (each may hold its own copy), its own x
+ * (the same values), and the same buf of mx_moe_fused_bytes(p, nth) bytes.
+ * out [d_model] is shared and complete when every thread has returned
+ * (the function ends with a barrier). */
+void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out);
+
+/* ---- the gather path (gather.c) -------------------------------------------- */
+
+/* State the threads of a team share while they run one gather job; the
+ * caller provides it (shared, e.g. static or in the model) and the arena
+ * the job's buffers are carved from. */
+typedef struct mx_moe_gather_state mx_moe_gather_state;
+mx_moe_gather_state *mx_moe_gather_state_new(void);
+void mx_moe_gather_state_free(mx_moe_gather_state *s);
+
+/* Runs the job; every thread of the team calls it with the same job, state
+ * and arena.  Returns MX_OK or MX_ENOMEM (e set on the thread that found
+ * it; every thread returns the same code).  Ends with a barrier. */
+int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *arena, mx_err *e);
+
+/* ---- standalone (own parallel region; tests, benchmarks) ------------------ */
+
+/* One token through the fused path: out[d_model] = sum_k w_k expert_k(x). */
+int mx_moe_fused(const mx_experts *ex, const mx_route *r, const float *x, float *out, mx_err *e);
+/* T tokens through the gather path. */
+int mx_moe_gather(const mx_experts *ex, const mx_route *routes, const float *x, int64_t T,
+                  float *out, mx_err *e);
+/* Any job through the path mx_moe_choose picks, counted in the statistics
+ * when the job has routed experts. */
+int mx_moe_run(const mx_moe_job *j, mx_err *e);
 
 /* silu(x) = x * sigmoid(x), as torch computes it in float32. */
 static inline float mx_silu(float x) { return x / (1.0f + __builtin_expf(-x)); }

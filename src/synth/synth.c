@@ -1,13 +1,15 @@
-/* synth.c - presets, the tensor plan, the random-but-reproducible weights and
- * the streaming writer of `mlxcel synth`.
+/* synth.c - the tensor plan, the random-but-reproducible weights and the
+ * streaming writer of `mlxcel synth`.  The presets and every tensor name
+ * come from the family table (model/family.h).
  *
- * Sections: presets | options and plan | weight generation (pure functions of
- * seed, name and row) | expected rows | writing shards with progress. */
+ * Sections: options and plan | weight generation (pure functions of seed,
+ * name and row) | expected rows | writing shards with progress. */
 #include "synth/synth.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,77 +19,8 @@
 #include <cjson/cJSON.h>
 
 #include "quant/quant.h"
-#include "util/half.h"
+#include "util/dtype.h"
 #include "util/parallel.h"
-
-/* ---- presets ----------------------------------------------------------- */
-
-static const mx_synth_preset presets[] = {
-    {
-        .name = "tiny", .about = "qwen2_moe miniature for tests and demos (a few MB)",
-        .family = MX_SYNTH_QWEN2_MOE, .model_type = "qwen2_moe",
-        .architecture = "Qwen2MoeForCausalLM",
-        .vocab = 512, .hidden = 128, .intermediate = 256, .layers = 2, .heads = 4,
-        .kv_heads = 2, .head_dim = 32, .experts = 8, .top_k = 2, .moe_intermediate = 128,
-        .shared_intermediate = 256, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 1,
-        .norm_topk_prob = 0, .tied = 0, .qk_norm = MX_SYNTH_QK_NONE, .max_position = 4096,
-        .dtype = MX_BF16, .layout = MX_SYNTH_PER_EXPERT, .chatml_specials = 1,
-    },
-    {
-        .name = "qwen1.5-moe-a2.7b", .about = "Qwen1.5-MoE-A2.7B(-Chat): 60 experts top-4 + shared expert",
-        .family = MX_SYNTH_QWEN2_MOE, .model_type = "qwen2_moe",
-        .architecture = "Qwen2MoeForCausalLM",
-        .vocab = 151936, .hidden = 2048, .intermediate = 5632, .layers = 24, .heads = 16,
-        .kv_heads = 16, .head_dim = 128, .experts = 60, .top_k = 4, .moe_intermediate = 1408,
-        .shared_intermediate = 5632, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 1,
-        .norm_topk_prob = 0, .tied = 0, .qk_norm = MX_SYNTH_QK_NONE, .max_position = 8192,
-        .dtype = MX_F16, .layout = MX_SYNTH_PER_EXPERT, .chatml_specials = 1,
-    },
-    {
-        .name = "olmoe-1b-7b", .about = "OLMoE-1B-7B: 64 experts top-8, full-width q/k norms",
-        .family = MX_SYNTH_OLMOE, .model_type = "olmoe",
-        .architecture = "OlmoeForCausalLM",
-        .vocab = 50304, .hidden = 2048, .intermediate = 1024, .layers = 16, .heads = 16,
-        .kv_heads = 16, .head_dim = 128, .experts = 64, .top_k = 8, .moe_intermediate = 1024,
-        .shared_intermediate = 0, .rope_theta = 10000.0, .rms_eps = 1e-5, .qkv_bias = 0,
-        .norm_topk_prob = 0, .tied = 0, .qk_norm = MX_SYNTH_QK_FULL, .max_position = 4096,
-        .dtype = MX_BF16, .layout = MX_SYNTH_STACKED, .chatml_specials = 1,
-    },
-    {
-        .name = "qwen3-30b-a3b", .about = "Qwen3-30B-A3B: 128 experts top-8, per-head q/k norms",
-        .family = MX_SYNTH_QWEN3_MOE, .model_type = "qwen3_moe",
-        .architecture = "Qwen3MoeForCausalLM",
-        .vocab = 151936, .hidden = 2048, .intermediate = 6144, .layers = 48, .heads = 32,
-        .kv_heads = 4, .head_dim = 128, .experts = 128, .top_k = 8, .moe_intermediate = 768,
-        .shared_intermediate = 0, .rope_theta = 1e6, .rms_eps = 1e-6, .qkv_bias = 0,
-        .norm_topk_prob = 1, .tied = 0, .qk_norm = MX_SYNTH_QK_PER_HEAD, .max_position = 40960,
-        .dtype = MX_BF16, .layout = MX_SYNTH_STACKED, .chatml_specials = 1,
-    },
-    {
-        .name = "mixtral-8x7b", .about = "Mixtral-8x7B: 8 experts top-2",
-        .family = MX_SYNTH_MIXTRAL, .model_type = "mixtral",
-        .architecture = "MixtralForCausalLM",
-        .vocab = 32000, .hidden = 4096, .intermediate = 14336, .layers = 32, .heads = 32,
-        .kv_heads = 8, .head_dim = 128, .experts = 8, .top_k = 2, .moe_intermediate = 14336,
-        .shared_intermediate = 0, .rope_theta = 1e6, .rms_eps = 1e-5, .qkv_bias = 0,
-        .norm_topk_prob = 1, .tied = 0, .qk_norm = MX_SYNTH_QK_NONE, .max_position = 32768,
-        .dtype = MX_BF16, .layout = MX_SYNTH_PER_EXPERT, .chatml_specials = 0,
-    },
-};
-
-const mx_synth_preset *mx_synth_presets(size_t *n)
-{
-    *n = sizeof presets / sizeof presets[0];
-    return presets;
-}
-
-const mx_synth_preset *mx_synth_find_preset(const char *name)
-{
-    for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++)
-        if (!strcmp(presets[i].name, name))
-            return &presets[i];
-    return NULL;
-}
 
 /* ---- options and plan -------------------------------------------------- */
 
@@ -186,39 +119,56 @@ static int pb_vec(plan_builder *b, const char *name, mx_synth_kind kind, int64_t
     return MX_OK;
 }
 
-/* Experts of one layer: gate/up [inter, hidden], down [hidden, inter]. */
-static int plan_experts(plan_builder *b, const char *pre, int bits, int gs, float down_gain)
+/* Formats a tensor name into a MX_SYNTH_NAME_MAX buffer (the family
+ * table's names are short; an over-long one is cut). */
+__attribute__((format(printf, 2, 3))) static void tname(char *buf, const char *fmt, ...)
 {
-    const mx_synth_preset *P = b->plan->p;
-    int stacked = b->plan->opts.layout == MX_SYNTH_STACKED;
-    int mixtral = P->family == MX_SYNTH_MIXTRAL;
-    const char *blk = mixtral ? "block_sparse_moe" : "mlp";
-    int64_t E = P->experts, I = P->moe_intermediate, H = P->hidden;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, MX_SYNTH_NAME_MAX, fmt, ap);
+    va_end(ap);
+}
+
+/* "{model}.{layer i}" */
+static void layer_prefix(const mx_names *nm, int i, char *buf)
+{
+    char layer[MX_SYNTH_NAME_MAX];
+    tname(layer, nm->layer, i);
+    tname(buf, "%s.%s", nm->model, layer);
+}
+
+/* A SwiGLU MLP `{prefix}.{gate,up,down}` of width ff. */
+static int plan_mlp(plan_builder *b, const char *prefix, const char *const *proj, int64_t nmat,
+                    int64_t ff, int bits, int gs, float down_gain)
+{
+    const int64_t H = b->plan->p->hidden;
     char m[MX_SYNTH_NAME_MAX];
     int rc;
-    if (stacked) {
-        snprintf(m, sizeof m, "%s.%s.switch_mlp.gate_proj", pre, blk);
-        if ((rc = pb_quant(b, m, E, I, H, bits, gs, 1.0f)))
-            return rc;
-        snprintf(m, sizeof m, "%s.%s.switch_mlp.up_proj", pre, blk);
-        if ((rc = pb_quant(b, m, E, I, H, bits, gs, 1.0f)))
-            return rc;
-        snprintf(m, sizeof m, "%s.%s.switch_mlp.down_proj", pre, blk);
-        return pb_quant(b, m, E, H, I, bits, gs, down_gain);
+    tname(m, "%s.%s", prefix, proj[0]);
+    if ((rc = pb_quant(b, m, nmat, ff, H, bits, gs, 1.0f)))
+        return rc;
+    tname(m, "%s.%s", prefix, proj[1]);
+    if ((rc = pb_quant(b, m, nmat, ff, H, bits, gs, 1.0f)))
+        return rc;
+    tname(m, "%s.%s", prefix, proj[2]);
+    return pb_quant(b, m, nmat, H, ff, bits, gs, down_gain);
+}
+
+/* Experts of one MoE block: stacked, or one tensor per expert. */
+static int plan_experts(plan_builder *b, const char *blk, int bits, int gs, float down_gain)
+{
+    const mx_preset *P = b->plan->p;
+    const mx_names *nm = &b->plan->fam->names;
+    char m[MX_SYNTH_NAME_MAX], expert[MX_SYNTH_NAME_MAX];
+    int rc;
+    if (b->plan->opts.layout == MX_SYNTH_STACKED) {
+        tname(m, "%s.%s", blk, nm->stacked);
+        return plan_mlp(b, m, nm->stacked_proj, P->experts, P->moe_intermediate, bits, gs, down_gain);
     }
-    /* Mixtral names its experts w1 (gate), w3 (up), w2 (down). */
-    const char *gn = mixtral ? "w1" : "gate_proj";
-    const char *un = mixtral ? "w3" : "up_proj";
-    const char *dn = mixtral ? "w2" : "down_proj";
-    for (int64_t x = 0; x < E; x++) {
-        snprintf(m, sizeof m, "%s.%s.experts.%lld.%s", pre, blk, (long long)x, gn);
-        if ((rc = pb_quant(b, m, 0, I, H, bits, gs, 1.0f)))
-            return rc;
-        snprintf(m, sizeof m, "%s.%s.experts.%lld.%s", pre, blk, (long long)x, un);
-        if ((rc = pb_quant(b, m, 0, I, H, bits, gs, 1.0f)))
-            return rc;
-        snprintf(m, sizeof m, "%s.%s.experts.%lld.%s", pre, blk, (long long)x, dn);
-        if ((rc = pb_quant(b, m, 0, H, I, bits, gs, down_gain)))
+    for (int x = 0; x < P->experts; x++) {
+        tname(expert, nm->per_expert, x);
+        tname(m, "%s.%s", blk, expert);
+        if ((rc = plan_mlp(b, m, nm->expert_proj, 0, P->moe_intermediate, bits, gs, down_gain)))
             return rc;
     }
     return MX_OK;
@@ -226,7 +176,9 @@ static int plan_experts(plan_builder *b, const char *pre, int bits, int gs, floa
 
 static int plan_layer(plan_builder *b, int i)
 {
-    const mx_synth_preset *P = b->plan->p;
+    const mx_preset *P = b->plan->p;
+    const mx_family *F = b->plan->fam;
+    const mx_names *nm = &F->names;
     int bits = b->plan->opts.bits, gs = b->plan->opts.group_size;
     int rb = b->plan->router_bits, rg = b->plan->router_group;
     /* Residual branches scaled down so 2*layers additions keep the residual
@@ -234,60 +186,53 @@ static int plan_layer(plan_builder *b, int i)
     float out_gain = 1.0f / sqrtf(2.0f * (float)P->layers);
     int64_t H = P->hidden, hd = P->head_dim;
     int64_t qw = (int64_t)P->heads * hd, kvw = (int64_t)P->kv_heads * hd;
-    char pre[64], m[MX_SYNTH_NAME_MAX];
+    char pre[MX_SYNTH_NAME_MAX], m[MX_SYNTH_NAME_MAX];
     int rc;
-    snprintf(pre, sizeof pre, "model.layers.%d", i);
+    layer_prefix(nm, i, pre);
 
-    snprintf(m, sizeof m, "%s.input_layernorm.weight", pre);
+    tname(m, "%s.%s.weight", pre, nm->attn_norm);
     if ((rc = pb_vec(b, m, MX_SYNTH_NORM, H)))
         return rc;
-    snprintf(m, sizeof m, "%s.post_attention_layernorm.weight", pre);
+    tname(m, "%s.%s.weight", pre, nm->ffn_norm);
     if ((rc = pb_vec(b, m, MX_SYNTH_NORM, H)))
         return rc;
 
-    static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
     for (int k = 0; k < 3; k++) {
         int64_t rows = k == 0 ? qw : kvw;
-        snprintf(m, sizeof m, "%s.self_attn.%s", pre, proj[k]);
+        tname(m, "%s.%s.%s", pre, nm->attn, nm->attn_proj[k]);
         if ((rc = pb_quant(b, m, 0, rows, H, bits, gs, 1.0f)))
             return rc;
         if (P->qkv_bias) {
-            snprintf(m, sizeof m, "%s.self_attn.%s.bias", pre, proj[k]);
+            tname(m, "%s.%s.%s.bias", pre, nm->attn, nm->attn_proj[k]);
             if ((rc = pb_vec(b, m, MX_SYNTH_LBIAS, rows)))
                 return rc;
         }
     }
-    snprintf(m, sizeof m, "%s.self_attn.o_proj", pre);
+    tname(m, "%s.%s.%s", pre, nm->attn, nm->attn_proj[3]);
     if ((rc = pb_quant(b, m, 0, H, qw, bits, gs, out_gain)))
         return rc;
-    if (P->qk_norm) {
-        int full = P->qk_norm == MX_SYNTH_QK_FULL;
-        snprintf(m, sizeof m, "%s.self_attn.q_norm.weight", pre);
+    if (F->qk_norm != MX_QK_NORM_NONE) {
+        int full = F->qk_norm == MX_QK_NORM_FULL;
+        tname(m, "%s.%s.%s.weight", pre, nm->attn, nm->qk_norm[0]);
         if ((rc = pb_vec(b, m, MX_SYNTH_NORM, full ? qw : hd)))
             return rc;
-        snprintf(m, sizeof m, "%s.self_attn.k_norm.weight", pre);
+        tname(m, "%s.%s.%s.weight", pre, nm->attn, nm->qk_norm[1]);
         if ((rc = pb_vec(b, m, MX_SYNTH_NORM, full ? kvw : hd)))
             return rc;
     }
 
-    const char *blk = P->family == MX_SYNTH_MIXTRAL ? "block_sparse_moe" : "mlp";
-    snprintf(m, sizeof m, "%s.%s.gate", pre, blk);
+    char blk[MX_SYNTH_NAME_MAX];
+    tname(blk, "%s.%s", pre, nm->moe);
+    tname(m, "%s.%s", blk, nm->router);
     if ((rc = pb_quant(b, m, 0, P->experts, H, rb, rg, 1.0f)))
         return rc;
-    if ((rc = plan_experts(b, pre, bits, gs, out_gain)))
+    if ((rc = plan_experts(b, blk, bits, gs, out_gain)))
         return rc;
     if (P->shared_intermediate) {
-        int64_t S = P->shared_intermediate;
-        snprintf(m, sizeof m, "%s.mlp.shared_expert.gate_proj", pre);
-        if ((rc = pb_quant(b, m, 0, S, H, bits, gs, 1.0f)))
+        tname(m, "%s.%s", blk, nm->shared);
+        if ((rc = plan_mlp(b, m, nm->mlp_proj, 0, P->shared_intermediate, bits, gs, out_gain)))
             return rc;
-        snprintf(m, sizeof m, "%s.mlp.shared_expert.up_proj", pre);
-        if ((rc = pb_quant(b, m, 0, S, H, bits, gs, 1.0f)))
-            return rc;
-        snprintf(m, sizeof m, "%s.mlp.shared_expert.down_proj", pre);
-        if ((rc = pb_quant(b, m, 0, H, S, bits, gs, out_gain)))
-            return rc;
-        snprintf(m, sizeof m, "%s.mlp.shared_expert_gate", pre);
+        tname(m, "%s.%s", blk, nm->shared_gate);
         if ((rc = pb_quant(b, m, 0, 1, H, rb, rg, 1.0f)))
             return rc;
     }
@@ -320,7 +265,7 @@ int mx_synth_plan_build(const mx_synth_opts *o, mx_synth_plan *plan, mx_err *e)
 {
     memset(plan, 0, sizeof *plan);
     plan->opts = *o;
-    plan->p = mx_synth_find_preset(o->preset);
+    plan->p = mx_preset_find(o->preset, &plan->fam);
     if (!plan->p)
         return mx_fail(e, MX_EINVAL, "synth: unknown preset '%s'", o->preset ? o->preset : "(null)");
     if (!mx_qtraits_for(o->bits))
@@ -332,27 +277,30 @@ int mx_synth_plan_build(const mx_synth_opts *o, mx_synth_plan *plan, mx_err *e)
     if (plan->sdtype != MX_F16 && plan->sdtype != MX_BF16 && plan->sdtype != MX_F32)
         return mx_fail(e, MX_EINVAL, "synth: scale dtype must be f16, bf16 or f32");
     if (plan->opts.layout == MX_SYNTH_LAYOUT_DEFAULT)
-        plan->opts.layout = plan->p->layout;
+        plan->opts.layout = plan->p->stacked ? MX_SYNTH_STACKED : MX_SYNTH_PER_EXPERT;
     if (plan->opts.shard_bytes == 0)
         plan->opts.shard_bytes = 5ull << 30;
     plan->router_bits = ROUTER_BITS;
     plan->router_group = ROUTER_GROUP;
 
-    const mx_synth_preset *P = plan->p;
+    const mx_preset *P = plan->p;
+    const mx_names *nm = &plan->fam->names;
     plan_builder b = {plan, 0, e};
+    char name[MX_SYNTH_NAME_MAX];
     int rc;
     int bits = o->bits, gs = o->group_size;
     /* Embedding rows of unit spread; the output head a little sharper so
      * greedy decoding has clear margins. */
-    if ((rc = pb_quant(&b, "model.embed_tokens", 0, P->vocab, P->hidden, bits, gs,
-                       sqrtf((float)P->hidden))))
+    tname(name, "%s.%s", nm->model, nm->embed);
+    if ((rc = pb_quant(&b, name, 0, P->vocab, P->hidden, bits, gs, sqrtf((float)P->hidden))))
         goto fail;
     for (int i = 0; i < P->layers; i++)
         if ((rc = plan_layer(&b, i)))
             goto fail;
-    if ((rc = pb_vec(&b, "model.norm.weight", MX_SYNTH_NORM, P->hidden)))
+    tname(name, "%s.%s.weight", nm->model, nm->final_norm);
+    if ((rc = pb_vec(&b, name, MX_SYNTH_NORM, P->hidden)))
         goto fail;
-    if (!P->tied && (rc = pb_quant(&b, "lm_head", 0, P->vocab, P->hidden, bits, gs, 2.0f)))
+    if (!P->tied && (rc = pb_quant(&b, nm->lm_head, 0, P->vocab, P->hidden, bits, gs, 2.0f)))
         goto fail;
 
     qsort(plan->t, plan->n, sizeof *plan->t, cmp_tensor);
@@ -429,22 +377,11 @@ static inline float unitf(uint64_t u)   /* [0, 1) */
     return (float)(u >> 40) * (1.0f / 16777216.0f);
 }
 
-static inline float round_dtype(float v, mx_dtype t)
-{
-    switch (t) {
-    case MX_F16: return mx_f16_to_f32(mx_f32_to_f16(v));
-    case MX_BF16: return mx_bf16_to_f32(mx_f32_to_bf16(v));
-    default: return v;
-    }
-}
+static inline float round_dtype(float v, mx_dtype t) { return mx_dtype_round(v, t); }
 
 static inline void store_dtype(void *dst, size_t i, float v, mx_dtype t)
 {
-    switch (t) {
-    case MX_F16: ((uint16_t *)dst)[i] = mx_f32_to_f16(v); break;
-    case MX_BF16: ((uint16_t *)dst)[i] = mx_f32_to_bf16(v); break;
-    default: ((float *)dst)[i] = v; break;
-    }
+    mx_dtype_put(dst, t, (int64_t)i, v);
 }
 
 /* Packed codes of one row: uniform random codes are uniform random bits, so

@@ -1,7 +1,7 @@
 /* synth.h - synthetic MLX checkpoints with random weights (`mlxcel synth`).
  *
- * A preset names a published architecture (exact dimensions); synth writes a
- * checkpoint of that shape that loads like an mlx-community one: config.json
+ * A preset names a published architecture (exact dimensions, in its
+ * family's file: model/family_*.c); synth writes a checkpoint of that shape that loads like an mlx-community one: config.json
  * (with "quantization" and "quantization_config"), generation_config.json,
  * a byte-level BPE tokenizer.json covering every id, tokenizer_config.json
  * with a ChatML template, and the weights in safetensors shards named and
@@ -22,41 +22,17 @@
 #include <stdint.h>
 
 #include "format/safetensors.h"
+#include "model/family.h"
 #include "util/err.h"
-
-typedef enum mx_synth_family {
-    MX_SYNTH_QWEN2_MOE, MX_SYNTH_QWEN3_MOE, MX_SYNTH_OLMOE, MX_SYNTH_MIXTRAL
-} mx_synth_family;
 
 typedef enum mx_synth_layout {
     MX_SYNTH_LAYOUT_DEFAULT = 0,   /* the preset's usual layout */
-    MX_SYNTH_PER_EXPERT,           /* mlp.experts.{e}.* / block_sparse_moe.experts.{e}.w1.. */
-    MX_SYNTH_STACKED,              /* mlp.switch_mlp.* with a leading expert dim */
+    MX_SYNTH_PER_EXPERT,           /* one tensor per expert: {moe}.{per_expert}.{proj} */
+    MX_SYNTH_STACKED,              /* {moe}.{stacked}.{proj} with a leading expert dim */
 } mx_synth_layout;
 
-/* q_norm / k_norm shapes. */
-enum { MX_SYNTH_QK_NONE = 0, MX_SYNTH_QK_PER_HEAD, MX_SYNTH_QK_FULL };
-
-/* One architecture, with the published dimensions. */
-typedef struct mx_synth_preset {
-    const char *name;
-    const char *about;            /* one line for --help */
-    mx_synth_family family;
-    const char *model_type;       /* config.json model_type */
-    const char *architecture;     /* config.json architectures[0] */
-    int vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;
-    int experts, top_k, moe_intermediate, shared_intermediate;   /* 0: no shared expert */
-    double rope_theta, rms_eps;
-    int qkv_bias, norm_topk_prob, tied, qk_norm;
-    int max_position;
-    mx_dtype dtype;               /* torch_dtype: norms, biases, default scales */
-    mx_synth_layout layout;       /* default expert layout */
-    int chatml_specials;          /* 1: <|endoftext|> <|im_start|> <|im_end|>; 0: <s> </s> */
-} mx_synth_preset;
-
-/* The presets, in --help order. */
-const mx_synth_preset *mx_synth_presets(size_t *n);
-const mx_synth_preset *mx_synth_find_preset(const char *name);
+/* The presets (the real models' shapes) live in the family table
+ * (model/family.h: mx_preset, mx_preset_find); synth writes any of them. */
 
 typedef struct mx_synth_opts {
     const char *preset;           /* preset name */
@@ -102,7 +78,8 @@ typedef struct mx_synth_tensor {
 
 typedef struct mx_synth_plan {
     mx_synth_opts opts;               /* with defaults resolved */
-    const mx_synth_preset *p;
+    const mx_family *fam;
+    const mx_preset *p;
     mx_dtype sdtype;                  /* scale dtype actually used */
     int router_bits, router_group;    /* routers (8-bit override) */
     mx_synth_tensor *t;               /* sorted by name, like mlx-lm */

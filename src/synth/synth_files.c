@@ -47,7 +47,7 @@ typedef struct specials {
 
 static void get_specials(const mx_synth_plan *plan, specials *s)
 {
-    const mx_synth_preset *P = plan->p;
+    const mx_preset *P = plan->p;
     memset(s, 0, sizeof *s);
     if (P->chatml_specials) {
         s->tok[0] = "<|endoftext|>";
@@ -93,11 +93,8 @@ static cJSON *quant_block(const mx_synth_plan *plan)
         const mx_synth_tensor *t = &plan->t[i];
         if (t->kind != MX_SYNTH_QWEIGHT)
             continue;
-        /* routers end in ".gate" (gate_proj does not) */
-        size_t len = strlen(t->module);
-        int router = len > 5 && !strcmp(t->module + len - 5, ".gate");
-        int sgate = len > 18 && !strcmp(t->module + len - 18, "shared_expert_gate");
-        if (!router && !sgate)
+        /* the routers and shared-expert gates: their own bits and group */
+        if (t->bits == plan->opts.bits && t->group_size == plan->opts.group_size)
             continue;
         cJSON *o = cJSON_AddObjectToObject(q, t->module);
         cJSON_AddNumberToObject(o, "group_size", t->group_size);
@@ -108,13 +105,13 @@ static cJSON *quant_block(const mx_synth_plan *plan)
 
 int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e)
 {
-    const mx_synth_preset *P = plan->p;
+    const mx_preset *P = plan->p;
     specials sp;
     get_specials(plan, &sp);
     cJSON *c = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(P->architecture));
-    cJSON_AddStringToObject(c, "model_type", P->model_type);
+    cJSON_AddItemToArray(arch, cJSON_CreateString(plan->fam->architecture));
+    cJSON_AddStringToObject(c, "model_type", plan->fam->model_type);
     cJSON_AddNumberToObject(c, "bos_token_id", sp.bos);
     cJSON_AddNumberToObject(c, "eos_token_id", sp.eos);
     if (sp.pad >= 0)
@@ -126,7 +123,7 @@ int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e)
     cJSON_AddNumberToObject(c, "num_hidden_layers", P->layers);
     cJSON_AddNumberToObject(c, "num_attention_heads", P->heads);
     cJSON_AddNumberToObject(c, "num_key_value_heads", P->kv_heads);
-    if (P->family == MX_SYNTH_QWEN3_MOE || P->head_dim * P->heads != P->hidden)
+    if (P->head_dim * P->heads != P->hidden)
         cJSON_AddNumberToObject(c, "head_dim", P->head_dim);
     cJSON_AddNumberToObject(c, "rms_norm_eps", P->rms_eps);
     cJSON_AddNumberToObject(c, "rope_theta", P->rope_theta);
@@ -134,39 +131,10 @@ int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e)
     cJSON_AddStringToObject(c, "hidden_act", "silu");
     cJSON_AddNumberToObject(c, "max_position_embeddings", P->max_position);
     cJSON_AddNumberToObject(c, "num_experts_per_tok", P->top_k);
-    switch (P->family) {
-    case MX_SYNTH_QWEN2_MOE:
-    case MX_SYNTH_QWEN3_MOE:
-        cJSON_AddNumberToObject(c, "num_experts", P->experts);
-        cJSON_AddNumberToObject(c, "moe_intermediate_size", P->moe_intermediate);
-        if (P->family == MX_SYNTH_QWEN2_MOE)
-            cJSON_AddNumberToObject(c, "shared_expert_intermediate_size", P->shared_intermediate);
-        cJSON_AddNumberToObject(c, "decoder_sparse_step", 1);
-        cJSON_AddArrayToObject(c, "mlp_only_layers");
-        cJSON_AddBoolToObject(c, "norm_topk_prob", P->norm_topk_prob);
-        cJSON_AddBoolToObject(c, "use_sliding_window", 0);
-        cJSON_AddNullToObject(c, "sliding_window");
-        cJSON_AddNumberToObject(c, "max_window_layers", P->layers);
-        if (P->family == MX_SYNTH_QWEN3_MOE)
-            cJSON_AddBoolToObject(c, "attention_bias", 0);
-        cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
-        cJSON_AddBoolToObject(c, "output_router_logits", 0);
-        break;
-    case MX_SYNTH_OLMOE:
-        cJSON_AddNumberToObject(c, "num_experts", P->experts);
-        cJSON_AddBoolToObject(c, "norm_topk_prob", P->norm_topk_prob);
-        cJSON_AddNullToObject(c, "clip_qkv");
-        cJSON_AddBoolToObject(c, "attention_bias", 0);
-        cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
-        cJSON_AddBoolToObject(c, "output_router_logits", 0);
-        break;
-    case MX_SYNTH_MIXTRAL:
-        cJSON_AddNumberToObject(c, "num_local_experts", P->experts);
-        cJSON_AddNullToObject(c, "sliding_window");
-        cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
-        cJSON_AddBoolToObject(c, "output_router_logits", 0);
-        break;
-    }
+    /* the family's own keys (expert counts, routing flags, windows) */
+    plan->fam->synth_config(P, c);
+    cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(c, "output_router_logits", 0);
     cJSON_AddNumberToObject(c, "initializer_range", 0.02);
     cJSON_AddBoolToObject(c, "use_cache", 1);
     cJSON_AddItemToObject(c, "quantization", quant_block(plan));
@@ -338,7 +306,7 @@ static cJSON *pre_tokenizer(const mx_synth_plan *plan)
 {
     /* Qwen families: the Qwen2 split then byte-level (no regex); the others
      * the plain GPT-2 byte-level pre-tokenizer with its own regex. */
-    if (plan->p->family != MX_SYNTH_QWEN2_MOE && plan->p->family != MX_SYNTH_QWEN3_MOE)
+    if (!plan->p->qwen_tokenizer)
         return byte_level(0, 1);
     cJSON *seq = cJSON_CreateObject();
     cJSON_AddStringToObject(seq, "type", "Sequence");
@@ -367,7 +335,7 @@ static const char chatml_template[] =
 
 int mx_synth_write_tokenizer(const mx_synth_plan *plan, const char *dir, mx_err *e)
 {
-    const mx_synth_preset *P = plan->p;
+    const mx_preset *P = plan->p;
     specials sp;
     get_specials(plan, &sp);
     int want = P->vocab - sp.n - 256;
@@ -388,7 +356,7 @@ int mx_synth_write_tokenizer(const mx_synth_plan *plan, const char *dir, mx_err 
     cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
     for (int i = 0; i < sp.n; i++)
         cJSON_AddItemToArray(added, added_token(sp.first_id + i, sp.tok[i]));
-    if (P->family == MX_SYNTH_QWEN2_MOE || P->family == MX_SYNTH_QWEN3_MOE) {
+    if (P->qwen_tokenizer) {
         cJSON *norm = cJSON_AddObjectToObject(root, "normalizer");
         cJSON_AddStringToObject(norm, "type", "NFC");
     } else {

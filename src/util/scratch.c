@@ -3,36 +3,31 @@
 
 #include <stdlib.h>
 
-void *mx_scratch_take(mx_scratch *s, size_t n, size_t *cap)
+int mx_arena_reserve(mx_arena *a, size_t bytes)
 {
-    void *p = NULL;
-    pthread_mutex_lock(&s->lock);
-    if (s->buf && s->cap >= n) {
-        p = s->buf;
-        *cap = s->cap;
-        s->buf = NULL;
-        s->cap = 0;
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (p)
-        return p;
-    size_t m = (n + 63) & ~(size_t)63;
-    p = aligned_alloc(64, m ? m : 64);
-    *cap = p ? m : 0;
+    a->used = 0;
+    if (bytes <= a->cap)
+        return 0;
+    free(a->buf);
+    size_t n = mx_align64(bytes ? bytes : 64);
+    a->buf = aligned_alloc(64, n);
+    a->cap = a->buf ? n : 0;
+    return a->buf ? 0 : -1;
+}
+
+void *mx_arena_take(mx_arena *a, size_t bytes)
+{
+    size_t n = mx_align64(bytes);
+    if (!a->buf || n > a->cap - a->used)
+        return NULL;
+    void *p = a->buf + a->used;
+    a->used += n;
     return p;
 }
 
-void mx_scratch_give(mx_scratch *s, void *p, size_t cap)
+void mx_arena_free(mx_arena *a)
 {
-    if (!p)
-        return;
-    pthread_mutex_lock(&s->lock);
-    if (cap > s->cap) {
-        void *old = s->buf;
-        s->buf = p;
-        s->cap = cap;
-        p = old;
-    }
-    pthread_mutex_unlock(&s->lock);
-    free(p);
+    free(a->buf);
+    a->buf = NULL;
+    a->cap = a->used = 0;
 }

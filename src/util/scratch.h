@@ -1,30 +1,36 @@
-/* scratch.h - one reusable scratch buffer per call site.
+/* scratch.h - the one scheme for temporary buffers of the hot paths.
  *
- * Hot paths that need a large temporary buffer (the MoE kernels) call
- * mx_scratch_take() and mx_scratch_give() around their work.  The buffer of
- * the previous call is handed out again when it is large enough, so the
- * same sizes layer after layer allocate (and fault in pages) once.  Two
- * threads that call at the same time simply get two buffers; the larger is
- * kept, the other freed.  The kept buffer is reachable from the cache, so
- * it is not a leak. */
+ * An arena is a 64-byte-aligned buffer that grows to the largest size asked
+ * of it and is then reused: the forward pass asks for the same sizes layer
+ * after layer and token after token, and fresh large allocations would
+ * fault their pages in every time.  A user reserves the bytes of one piece
+ * of work up front (mx_arena_reserve, which may move the buffer) and then
+ * carves it with mx_arena_take; pointers taken stay valid until the next
+ * reserve.  An arena belongs to one piece of work at a time (the model owns
+ * its arenas, and a model runs one forward call at a time). */
 #ifndef MX_SCRATCH_H
 #define MX_SCRATCH_H
 
-#include <pthread.h>
 #include <stddef.h>
 
-typedef struct mx_scratch {
-    pthread_mutex_t lock;
+/* n rounded up to a multiple of 64 (a cache line; the SIMD kernels' and the
+ * prepared vectors' alignment). */
+static inline size_t mx_align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+typedef struct mx_arena {
     unsigned char *buf;
-    size_t cap;
-} mx_scratch;
+    size_t cap, used;
+} mx_arena;
 
-#define MX_SCRATCH_INIT { PTHREAD_MUTEX_INITIALIZER, NULL, 0 }
+#define MX_ARENA_INIT {NULL, 0, 0}
 
-/* A 64-byte-aligned buffer of at least n bytes (*cap gets its size), or
- * NULL when out of memory. */
-void *mx_scratch_take(mx_scratch *s, size_t n, size_t *cap);
-/* Returns a buffer from mx_scratch_take (cap as it reported). */
-void mx_scratch_give(mx_scratch *s, void *p, size_t cap);
+/* Makes room for `bytes` (as the sum of the mx_align64'ed takes that will
+ * follow) and starts carving from the beginning.  Returns 0, or -1 when out
+ * of memory (the arena is then empty). */
+int mx_arena_reserve(mx_arena *a, size_t bytes);
+/* The next mx_align64(bytes) of the reserved space; NULL if the reserve was
+ * too small (a bug of the caller's size computation). */
+void *mx_arena_take(mx_arena *a, size_t bytes);
+void mx_arena_free(mx_arena *a);
 
 #endif
