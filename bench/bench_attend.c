@@ -11,6 +11,7 @@
 
 #include "model/ops.h"
 #include "util/err.h"
+#include "util/clock.h"
 
 int main(int argc, char **argv)
 {

@@ -11,6 +11,7 @@
 #include "quant/quant.h"
 #include "util/err.h"
 #include "util/parallel.h"
+#include "util/clock.h"
 
 static void per_thread(const mx_qmat *m, const float *X, int64_t T, float *Y)
 {

@@ -18,6 +18,7 @@
 #include "util/err.h"
 #include "util/half.h"
 #include "util/parallel.h"
+#include "util/clock.h"
 
 static uint64_t rng = 0x12345678abcdefull;
 static uint64_t next(void)

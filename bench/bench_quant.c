@@ -27,6 +27,7 @@
 #include "util/err.h"
 #include "util/membw.h"
 #include "util/parallel.h"
+#include "util/clock.h"
 
 static int cmp_d(const void *a, const void *b)
 {

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 
 static unsigned long long rng = 0x9E3779B97F4A7C15ull;
 static unsigned rnd(unsigned n)

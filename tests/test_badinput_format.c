@@ -10,6 +10,7 @@
 
 #include <dirent.h>
 #include <stdint.h>
+#include "util/file.h"
 
 typedef struct seed {
     uint8_t *p;

@@ -10,6 +10,7 @@
 
 #include "format/safetensors.h"
 #include "gen/gen.h"
+#include "util/file.h"
 
 static char *run(const char *cmd, char **err_out)
 {

@@ -8,6 +8,7 @@
 
 #include "format/safetensors.h"
 #include "util/err.h"
+#include "util/file.h"
 
 static const char *const fixtures[] = {
     "qwen2_moe_tiny_chat", "qwen2_moe_gqa_mixed", "qwen3_moe_tiny", "mixtral_tiny", "olmoe_tiny",

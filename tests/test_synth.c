@@ -18,6 +18,8 @@
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 #include "util/half.h"
+#include "util/clock.h"
+#include "util/file.h"
 
 /* ---- temp dirs --------------------------------------------------------- */
 

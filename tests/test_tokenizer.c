@@ -16,6 +16,8 @@
 
 #include "test.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
+#include "util/file.h"
 
 /* ---- helpers ---- */
 

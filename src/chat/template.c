@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "chat/jinja_int.h"
+#include "util/file.h"
 
 /* Used when a model ships no chat template: plain ChatML. */
 static const char FALLBACK[] =

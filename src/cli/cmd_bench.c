@@ -18,6 +18,7 @@
 #include "util/membw.h"
 #include "util/parallel.h"
 #include "util/sysinfo.h"
+#include "util/clock.h"
 
 static void help(FILE *f)
 {

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "util/file.h"
 
 /* MLX's defaults when a quantization block omits them. */
 #define MLX_DEFAULT_BITS 4

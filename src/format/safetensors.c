@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "util/file.h"
 
 /* ---- dtypes ------------------------------------------------------------ */
 

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "gen/gen.h"
+#include "util/clock.h"
 
 static int file_exists(const char *dir, const char *name)
 {

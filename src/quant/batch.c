@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "quant/qint.h"
+#include "util/scratch.h"
 
-static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static int mode_for(const mx_qkernels *k, int64_t T)
 {
@@ -31,8 +31,8 @@ size_t mx_batch_bytes(int64_t T, int64_t cols, int gs)
     if (T <= 0)
         return 0;
     switch (mode_for(k, T)) {
-    case MX_BATCH_VECTORS: return (size_t)T * al64(k->prep_bytes(cols, gs));
-    case MX_BATCH_BLOCK: return al64(k->mm_prep_bytes(T, cols, gs));
+    case MX_BATCH_VECTORS: return (size_t)T * mx_align64(k->prep_bytes(cols, gs));
+    case MX_BATCH_BLOCK: return mx_align64(k->mm_prep_bytes(T, cols, gs));
     default: return 0;
     }
 }
@@ -47,7 +47,7 @@ void mx_batch_init(mx_batch *b, const float *X, int64_t ldx, int64_t T, int64_t 
     b->gs = gs;
     b->k = mx_qkernels_active();
     b->mode = mode_for(b->k, T);
-    b->vstride = b->mode == MX_BATCH_VECTORS ? al64(b->k->prep_bytes(cols, gs)) : 0;
+    b->vstride = b->mode == MX_BATCH_VECTORS ? mx_align64(b->k->prep_bytes(cols, gs)) : 0;
     b->buf = buf;
 }
 
@@ -66,7 +66,7 @@ void mx_batch_prep(mx_batch *b, int64_t t0, int64_t t1)
 static void rows_other_gs(const mx_qmat *m, const mx_batch *b, float *Y, int64_t ldy, int64_t r0,
                           int64_t r1)
 {
-    size_t nb = al64(b->k->prep_bytes(m->cols, m->group_size));
+    size_t nb = mx_align64(b->k->prep_bytes(m->cols, m->group_size));
     void *xp = aligned_alloc(64, nb);
     for (int64_t t = 0; t < b->T; t++) {
         const float *x = b->X + t * b->ldx;

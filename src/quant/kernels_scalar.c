@@ -1,7 +1,65 @@
-/* kernels_scalar.c - the reference kernels: plain C, every bit width, written
- * to be obviously correct rather than fast.  SIMD variants are tested
+/* kernels_scalar.c - the reference: dequantization of one value or row,
+ * group sums, and the scalar kernels (plain C, every bit width, written to
+ * be obviously correct rather than fast).  SIMD variants are tested
  * against these. */
 #include "quant/qint.h"
+
+/* ---- reference dequantization ------------------------------------------ */
+
+float mx_qmat_get(const mx_qmat *m, int64_t r, int64_t c)
+{
+    int64_t g = r * mx_qmat_groups(m) + c / m->group_size;
+    float s = mx_q_scalar_at(m->scales, m->sdtype, g);
+    float b = mx_q_scalar_at(m->biases, m->sdtype, g);
+    return s * (float)mx_q_value(mx_q_row_ptr(m, r), m->bits, c) + b;
+}
+
+void mx_q_dequant_generic(const mx_qmat *m, int64_t r, int64_t k0, int64_t n, float *out)
+{
+    const uint8_t *row = mx_q_row_ptr(m, r);
+    int gs = m->group_size;
+    uint8_t q[128];
+    for (int64_t k = k0; k < k0 + n; k += gs) {
+        int64_t g = r * mx_qmat_groups(m) + k / gs;
+        float s = mx_q_scalar_at(m->scales, m->sdtype, g);
+        float b = mx_q_scalar_at(m->biases, m->sdtype, g);
+        mx_q_unpack(row, m->bits, k, gs, q);
+        for (int j = 0; j < gs; j++)
+            out[k - k0 + j] = s * (float)q[j] + b;
+    }
+}
+
+void mx_qmat_row(const mx_qmat *m, int64_t r, float *out)
+{
+    mx_q_dequant_generic(m, r, 0, m->cols, out);
+}
+
+void mx_group_sums(const float *x, int64_t cols, int group_size, float *out)
+{
+    for (int64_t g = 0; g < cols / group_size; g++) {
+        const float *p = x + g * group_size;
+        /* four partial sums: same association in every variant's caller */
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int j = 0; j < group_size; j += 4) {
+            s0 += p[j];
+            s1 += p[j + 1];
+            s2 += p[j + 2];
+            s3 += p[j + 3];
+        }
+        out[g] = (s0 + s1) + (s2 + s3);
+    }
+}
+
+size_t mx_q_sums_bytes(int64_t cols, int group_size)
+{
+    return (size_t)(cols / group_size) * sizeof(float);
+}
+
+void mx_q_sums_prep(const float *x, int64_t cols, int group_size, void *buf)
+{
+    mx_group_sums(x, cols, group_size, buf);
+}
+
 
 /* y[r - r0] = sum_g s_g * sum_{c in g} q[r][c] x[c] + b_g * xsum[g] */
 static void matvec_rows_scalar(const mx_qmat *m, const float *x, const void *xp,

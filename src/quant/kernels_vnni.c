@@ -50,6 +50,7 @@
 #include <stdlib.h>
 
 #include "quant/qint.h"
+#include "util/scratch.h"
 
 const int mx_qk_avx512vnni_built = 1;
 
@@ -60,7 +61,6 @@ const int mx_qk_avx512vnni_built = 1;
 
 /* ---- activation quantization ----------------------------------------- */
 
-static inline size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* Quantizes one group of gs values (a multiple of 16) into natural-order
  * high/middle/low bytes; returns dx.  A group that is all zero gets dx = 0;
@@ -113,9 +113,9 @@ static void layout(const void *buf, int64_t cols, int gs, vlayout *L)
     int64_t ng = cols / gs;
     uint8_t *p = (uint8_t *)(uintptr_t)buf;
     L->xsum = (float *)p;
-    p += al64((size_t)ng * 4);
+    p += mx_align64((size_t)ng * 4);
     L->dx = (float *)p;
-    p += al64((size_t)(ng + 16) * 4);
+    p += mx_align64((size_t)(ng + 16) * 4);
     L->x8 = (int8_t *)p;
     p += 192 * (size_t)((cols + 63) / 64);
     L->x4 = (int8_t *)p;
@@ -124,7 +124,7 @@ static void layout(const void *buf, int64_t cols, int gs, vlayout *L)
 static size_t prep_bytes_vnni(int64_t cols, int gs)
 {
     int64_t ng = cols / gs;
-    return al64((size_t)ng * 4) + al64((size_t)(ng + 16) * 4) + 192 * (size_t)((cols + 63) / 64) +
+    return mx_align64((size_t)ng * 4) + mx_align64((size_t)(ng + 16) * 4) + 192 * (size_t)((cols + 63) / 64) +
            384 * (size_t)((cols + 127) / 128);
 }
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "quant/quant.h"
-#include "util/half.h"
+#include "util/dtype.h"
 
 extern const mx_qkernels mx_qk_scalar;
 #if defined(__x86_64__) || defined(__i386__)
@@ -26,14 +26,7 @@ extern const mx_qkernels mx_qk_neon;
 #endif
 
 /* Element i of a scale/bias array, as f32. */
-static inline float mx_q_scalar_at(const void *p, mx_dtype t, int64_t i)
-{
-    switch (t) {
-    case MX_F16: { uint16_t h; memcpy(&h, (const uint8_t *)p + 2 * i, 2); return mx_f16_to_f32(h); }
-    case MX_BF16: { uint16_t h; memcpy(&h, (const uint8_t *)p + 2 * i, 2); return mx_bf16_to_f32(h); }
-    default: { float f; memcpy(&f, (const uint8_t *)p + 4 * i, 4); return f; }
-    }
-}
+static inline float mx_q_scalar_at(const void *p, mx_dtype t, int64_t i) { return mx_dtype_get(p, t, i); }
 
 /* Packed bytes of row r. */
 static inline const uint8_t *mx_q_row_ptr(const mx_qmat *m, int64_t r)

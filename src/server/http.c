@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "server/srv_int.h"
+#include "util/clock.h"
 
 /* Routes (see route()). */
 enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,

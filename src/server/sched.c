@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "server/srv_int.h"
+#include "util/clock.h"
 
 srv_req *srv_req_new(void)
 {

@@ -21,6 +21,7 @@
 #include "quant/quant.h"
 #include "util/dtype.h"
 #include "util/parallel.h"
+#include "util/clock.h"
 
 /* ---- options and plan -------------------------------------------------- */
 

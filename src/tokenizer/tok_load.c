@@ -9,6 +9,7 @@
 
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tok_json.h"
+#include "util/file.h"
 
 #define MAX_TOKEN_ID (1 << 24)   /* far above any real vocabulary */
 

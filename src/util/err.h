@@ -36,10 +36,4 @@ int mx_err_prefix(mx_err *e, const char *fmt, ...)
 
 void mx_err_clear(mx_err *e);
 
-/* Reads a whole file into a NUL-terminated malloc'ed buffer. */
-int mx_read_file(const char *path, char **out, size_t *len, mx_err *e);
-
-/* Seconds from a monotonic clock. */
-double mx_now(void);
-
 #endif

@@ -1,5 +1,6 @@
 /* membw.c - read-bandwidth probe. */
 #include "util/membw.h"
+#include "util/clock.h"
 
 #include <omp.h>
 #include <stdint.h>
