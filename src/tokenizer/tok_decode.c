@@ -429,6 +429,11 @@ static int get_int(const cJSON *j, const char *key, int def)
     return cJSON_IsNumber(v) ? v->valueint : def;
 }
 
+static int parse_kid(const cJSON *j, const char *file, const char *where, void *out, mx_err *e)
+{
+    return tok_dec_parse(j, file, where, out, e);
+}
+
 int tok_dec_parse(const cJSON *j, const char *file, const char *where, tok_dec *out,
                   mx_err *e)
 {
@@ -479,20 +484,11 @@ int tok_dec_parse(const cJSON *j, const char *file, const char *where, tok_dec *
     }
     if (strcmp(type, "Sequence") == 0) {
         out->type = DEC_SEQUENCE;
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "decoders");
-        if (!cJSON_IsArray(arr))
-            return mx_fail(e, MX_EFORMAT, "%s: %s.decoders is not an array", file, where);
-        out->kids = calloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof *out->kids);
-        if (!out->kids)
-            return mx_fail(e, MX_ENOMEM, "%s: out of memory", file);
-        const cJSON *k;
-        cJSON_ArrayForEach(k, arr) {
-            snprintf(sub, sizeof sub, "%s.decoders[%d]", where, out->n_kids);
-            out->n_kids++;
-            if ((rc = tok_dec_parse(k, file, sub, &out->kids[out->n_kids - 1], e)))
-                return rc;
-        }
-        return MX_OK;
+        void *kids;
+        rc = tok_parse_sequence(j, "decoders", file, where, sizeof *out->kids, parse_kid, &kids,
+                                &out->n_kids, e);
+        out->kids = kids;
+        return rc;
     }
     return mx_fail(e, MX_EUNSUPPORTED, "%s: %s.type '%s' is not supported", file, where, type);
 }

@@ -97,6 +97,16 @@ int tok_parse_char(const struct cJSON *j, const char *key, const char *file, con
 /* Reads the type field; a missing one is an error naming where. */
 int tok_json_type(const struct cJSON *j, const char *file, const char *where,
                   const char **type, mx_err *e);
+/* A "Sequence" component (normalizer, pre-tokenizer or decoder): j[key] is
+ * an array whose items are parsed by `parse` into a new zeroed array of
+ * n + 1 elements of elem_size bytes.  *kids and *n_kids are set even on
+ * failure (to what was parsed so far) so the caller's free routine can
+ * release them. */
+typedef int (*tok_kid_parse)(const struct cJSON *j, const char *file, const char *where,
+                             void *out, mx_err *e);
+int tok_parse_sequence(const struct cJSON *j, const char *key, const char *file,
+                       const char *where, size_t elem_size, tok_kid_parse parse, void **kids,
+                       int *n_kids, mx_err *e);
 
 /* ---- patterns (tok_normalize.c) ---- */
 

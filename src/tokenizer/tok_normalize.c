@@ -24,6 +24,30 @@ int tok_json_type(const cJSON *j, const char *file, const char *where, const cha
     return MX_OK;
 }
 
+int tok_parse_sequence(const cJSON *j, const char *key, const char *file, const char *where,
+                       size_t elem_size, tok_kid_parse parse, void **kids, int *n_kids, mx_err *e)
+{
+    *kids = NULL;
+    *n_kids = 0;
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsArray(arr))
+        return mx_fail(e, MX_EFORMAT, "%s: %s.%s is not an array", file, where, key);
+    unsigned char *a = calloc((size_t)cJSON_GetArraySize(arr) + 1, elem_size);
+    if (!a)
+        return mx_fail(e, MX_ENOMEM, "%s: out of memory", file);
+    *kids = a;
+    const cJSON *k;
+    char sub[256];
+    cJSON_ArrayForEach(k, arr) {
+        snprintf(sub, sizeof sub, "%s.%s[%d]", where, key, *n_kids);
+        int rc = parse(k, file, sub, a + (size_t)*n_kids * elem_size, e);
+        ++*n_kids;
+        if (rc)
+            return rc;
+    }
+    return MX_OK;
+}
+
 /* ---- patterns ---- */
 
 int tok_regex_compile(const char *src, size_t len, pcre2_code **out, const char *file,
@@ -291,6 +315,11 @@ static int dup_str(const cJSON *j, const char *key, char **out, size_t *len, con
     return MX_OK;
 }
 
+static int parse_kid(const cJSON *j, const char *file, const char *where, void *out, mx_err *e)
+{
+    return tok_norm_parse(j, file, where, out, e);
+}
+
 int tok_norm_parse(const cJSON *j, const char *file, const char *where, tok_norm *out,
                    mx_err *e)
 {
@@ -329,21 +358,11 @@ int tok_norm_parse(const cJSON *j, const char *file, const char *where, tok_norm
     }
     if (strcmp(type, "Sequence") == 0) {
         out->type = NORM_SEQUENCE;
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "normalizers");
-        if (!cJSON_IsArray(arr))
-            return mx_fail(e, MX_EFORMAT, "%s: %s.normalizers is not an array", file, where);
-        int n = cJSON_GetArraySize(arr);
-        out->kids = calloc((size_t)n + 1, sizeof *out->kids);
-        if (!out->kids)
-            return mx_fail(e, MX_ENOMEM, "%s: out of memory", file);
-        const cJSON *k;
-        cJSON_ArrayForEach(k, arr) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", where, out->n_kids);
-            out->n_kids++;
-            if ((rc = tok_norm_parse(k, file, sub, &out->kids[out->n_kids - 1], e)))
-                return rc;
-        }
-        return MX_OK;
+        void *kids;
+        rc = tok_parse_sequence(j, "normalizers", file, where, sizeof *out->kids, parse_kid, &kids,
+                                &out->n_kids, e);
+        out->kids = kids;
+        return rc;
     }
     return mx_fail(e, MX_EUNSUPPORTED, "%s: %s.type '%s' is not supported", file, where, type);
 }

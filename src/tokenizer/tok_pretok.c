@@ -360,6 +360,14 @@ static int bytelevel_not_last(const tok_pretok *pt, int is_last)
 }
 
 static int parse_one(const cJSON *j, const char *file, const char *where, tok_pretok *out,
+                     mx_err *e);
+
+static int parse_kid(const cJSON *j, const char *file, const char *where, void *out, mx_err *e)
+{
+    return parse_one(j, file, where, out, e);
+}
+
+static int parse_one(const cJSON *j, const char *file, const char *where, tok_pretok *out,
                      mx_err *e)
 {
     memset(out, 0, sizeof *out);
@@ -403,20 +411,11 @@ static int parse_one(const cJSON *j, const char *file, const char *where, tok_pr
     }
     if (strcmp(type, "Sequence") == 0) {
         out->type = PRE_SEQUENCE;
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(j, "pretokenizers");
-        if (!cJSON_IsArray(arr))
-            return mx_fail(e, MX_EFORMAT, "%s: %s.pretokenizers is not an array", file, where);
-        out->kids = calloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof *out->kids);
-        if (!out->kids)
-            return mx_fail(e, MX_ENOMEM, "%s: out of memory", file);
-        const cJSON *k;
-        cJSON_ArrayForEach(k, arr) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, out->n_kids);
-            out->n_kids++;
-            if ((rc = parse_one(k, file, sub, &out->kids[out->n_kids - 1], e)))
-                return rc;
-        }
-        return MX_OK;
+        void *kids;
+        rc = tok_parse_sequence(j, "pretokenizers", file, where, sizeof *out->kids, parse_kid,
+                                &kids, &out->n_kids, e);
+        out->kids = kids;
+        return rc;
     }
     return mx_fail(e, MX_EUNSUPPORTED, "%s: %s.type '%s' is not supported", file, where, type);
 }
