@@ -285,6 +285,152 @@ static void gather_reference(int quantized, int threads)
     free(ex.gate), free(ex.up), free(ex.down), free(x), free(out);
 }
 
+/* out[D] of one token of a job, in double precision on the dequantized
+ * weights: the routed experts and the extras, each weighted. */
+static void job_reference(const mx_moe_job *j, int64_t t, double *ref)
+{
+    const int64_t D = j->d_model;
+    const float *x = j->x + t * D;
+    for (int64_t d = 0; d < D; d++)
+        ref[d] = 0;
+    const int nr = j->ex ? j->routes[t].k : 0;
+    for (int i = 0; i < nr + j->n_extra; i++) {
+        const mx_linear *g, *u, *dn;
+        double w;
+        if (i < nr) {
+            const int e = j->routes[t].idx[i];
+            g = &j->ex->gate[e], u = &j->ex->up[e], dn = &j->ex->down[e];
+            w = j->routes[t].w[i];
+        } else {
+            const mx_mlp *m = j->extra[i - nr];
+            g = &m->gate, u = &m->up, dn = &m->down;
+            w = j->extra_w[i - nr] ? j->extra_w[i - nr][t] : 1.0;
+        }
+        const int64_t F = g->rows;
+        double *h = malloc(sizeof(double) * (size_t)F);
+        for (int64_t f = 0; f < F; f++) {
+            double a = 0, b = 0;
+            for (int64_t c = 0; c < D; c++) {
+                a += lin_at(g, f, c) * x[c];
+                b += lin_at(u, f, c) * x[c];
+            }
+            h[f] = a / (1.0 + exp(-a)) * b;
+        }
+        for (int64_t d = 0; d < D; d++) {
+            double y = 0;
+            for (int64_t f = 0; f < F; f++)
+                y += lin_at(dn, d, f) * h[f];
+            ref[d] += w * y;
+        }
+        free(h);
+    }
+}
+
+static double job_error(const mx_moe_job *j)
+{
+    double worst = 0, ref[256];
+    for (int64_t t = 0; t < j->T; t++) {
+        job_reference(j, t, ref);
+        double num = 0, den = 0;
+        for (int64_t d = 0; d < j->d_model; d++) {
+            const double diff = j->out[t * j->d_model + d] - ref[d];
+            num += diff * diff;
+            den += ref[d] * ref[d];
+        }
+        const double rel = sqrt(num / (den + 1e-30));
+        if (!(rel <= worst))
+            worst = rel;
+    }
+    return worst;
+}
+
+/* The block forms the forward pass builds: routed experts + a gated shared
+ * expert of another width, and a dense MLP alone; fused (one token) and
+ * gather (one and several tokens) against the double reference, and the
+ * dispatch decision and its counts. */
+static void jobs_with_extras(int threads)
+{
+    const int E = 6, k = 2, T = 7;
+    const int64_t D = 192, F = 64, S = 160, M = 96;   /* expert, shared, dense widths */
+    mx_experts ex = {.n = E, .d_model = D, .d_ff = F};
+    ex.gate = calloc(E, sizeof(mx_linear));
+    ex.up = calloc(E, sizeof(mx_linear));
+    ex.down = calloc(E, sizeof(mx_linear));
+    qbuf bufs[3 * 6 + 6];
+    for (int i = 0; i < E; i++) {
+        make_qmat(F, D, 4, 64, &ex.gate[i], &bufs[3 * i]);
+        make_qmat(F, D, 4, 64, &ex.up[i], &bufs[3 * i + 1]);
+        make_qmat(D, F, 6, 32, &ex.down[i], &bufs[3 * i + 2]);
+    }
+    mx_mlp shared, dense;
+    make_qmat(S, D, 4, 64, &shared.gate, &bufs[18]);
+    make_qmat(S, D, 4, 64, &shared.up, &bufs[19]);
+    make_qmat(D, S, 8, 32, &shared.down, &bufs[20]);
+    make_qmat(M, D, 8, 64, &dense.gate, &bufs[21]);
+    make_qmat(M, D, 8, 64, &dense.up, &bufs[22]);
+    make_qmat(D, M, 4, 32, &dense.down, &bufs[23]);
+    float x[T * 192], out[T * 192], gate[T];
+    mx_route r[T];
+    for (int i = 0; i < T * D; i++)
+        x[i] = test_randf(&seed);
+    for (int t = 0; t < T; t++) {
+        float lg[6];
+        for (int i = 0; i < E; i++)
+            lg[i] = test_randf(&seed) * 2;
+        route(lg, E, k, 0, &r[t]);
+        gate[t] = 1.0f / (1.0f + expf(-test_randf(&seed)));
+    }
+    mx_set_threads(threads);
+    mx_err e = {0};
+    /* routed + shared: one token fused, then all tokens (gather) */
+    mx_moe_job j = {.ex = &ex, .routes = r, .n_extra = 1, .extra = {&shared}, .extra_w = {gate},
+                    .x = x, .T = 1, .d_model = D, .out = out};
+    CHECK(mx_moe_choose(&j, NULL) == MX_MOE_FUSED);
+    mx_moe_stats_reset();
+    CHECK_OK(mx_moe_run(&j, &e), &e);
+    double err = job_error(&j);
+    CHECKF(err < 1e-5, "fused, routed + shared expert, %d threads: rel RMS %g", threads, err);
+    j.T = T;
+    CHECK(mx_moe_choose(&j, NULL) == MX_MOE_GATHER);
+    CHECK_OK(mx_moe_run(&j, &e), &e);
+    err = job_error(&j);
+    CHECKF(err < 1e-5, "gather, routed + shared expert, T=%d, %d threads: rel RMS %g", T, threads, err);
+    mx_moe_stats st;
+    mx_moe_stats_get(&st);
+    CHECKF(st.fused == 1 && st.gather == 1, "dispatch counts fused=%ld gather=%ld", st.fused, st.gather);
+    /* a dense layer: the MLP alone, weight 1; not counted as an MoE block */
+    mx_moe_job dj = {.n_extra = 1, .extra = {&dense}, .x = x, .T = 1, .d_model = D, .out = out};
+    mx_moe_stats_reset();
+    CHECK(mx_moe_choose(&dj, NULL) == MX_MOE_FUSED);
+    CHECK_OK(mx_moe_run(&dj, &e), &e);
+    err = job_error(&dj);
+    CHECKF(err < 1e-5, "fused, dense MLP, %d threads: rel RMS %g", threads, err);
+    dj.T = T;
+    CHECK_OK(mx_moe_run(&dj, &e), &e);
+    err = job_error(&dj);
+    CHECKF(err < 1e-5, "gather, dense MLP, T=%d, %d threads: rel RMS %g", T, threads, err);
+    mx_moe_stats_get(&st);
+    CHECK(st.fused == 0 && st.gather == 0);
+    /* the decision: off switch and width limit send one token to gather,
+     * which still computes the same */
+    j.T = 1;
+    mx_moe_set_fused(0);
+    const char *why = NULL;
+    CHECK(mx_moe_choose(&j, &why) == MX_MOE_GATHER && why && strstr(why, "MLXCEL_FUSED_MOE"));
+    CHECK_OK(mx_moe_run(&j, &e), &e);
+    CHECK(job_error(&j) < 1e-5);
+    mx_moe_set_fused(-1);
+    setenv("MLXCEL_FUSED_MOE_MAX_DFF", "128", 1);   /* experts fit, the shared expert does not */
+    mx_moe_env_reload();
+    CHECK(mx_moe_choose(&j, &why) == MX_MOE_GATHER && why && strstr(why, "MAX_DFF"));
+    unsetenv("MLXCEL_FUSED_MOE_MAX_DFF");
+    mx_moe_env_reload();
+    mx_set_threads(0);
+    for (int i = 0; i < 24; i++)
+        free_q(&bufs[i]);
+    free(ex.gate), free(ex.up), free(ex.down);
+}
+
 static void fused_flag(void)
 {
     static const char *off[] = {"0", "false", "FALSE", "off", "Off", "no", "NO"};
@@ -324,6 +470,8 @@ int main(void)
     fused_vs_gather(4, 6, 32, 128, 96, 16, 8, 2);
     fused_vs_gather(8, 8, 128, 128, 128, 4, 1, 3);
     gather_batch();
+    for (int th = 1; th <= 3; th++)
+        jobs_with_extras(th);
     fused_flag();
     return test_summary();
 }
