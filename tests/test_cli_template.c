@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "format/safetensors.h"
+#include "util/file.h"
 
 static char tmpdir[] = "/tmp/mx_cli_template_XXXXXX";
 

@@ -14,6 +14,8 @@
 #include "moe/moe.h"
 #include "tokenizer/tokenizer.h"
 #include "util/parallel.h"
+#include "util/clock.h"
+#include "util/file.h"
 
 static void help(FILE *f)
 {

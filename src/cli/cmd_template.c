@@ -15,6 +15,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "tokenizer/tokenizer.h"
+#include "util/file.h"
 
 static void help(FILE *f)
 {
