@@ -2,9 +2,10 @@
  *
  * Tensor names come from the family's table (family.h).  Quantized linears
  * become mx_qmat views into the mmap (no copy), for both expert layouts:
- * stacked (`{block}.switch_mlp.{proj}` with a leading expert dimension,
- * views at an offset) or per expert (`{block}.experts.{e}.{proj}`).  Only
- * norm weights and biases are converted to f32 (small).  Every missing
+ * stacked (`{block}.{stacked}.{proj}` with a leading expert dimension,
+ * views at an offset) or per expert (`{block}.{per_expert}.{proj}`), names
+ * from the family's table.  Only norm weights and biases are converted to
+ * f32 (small).  Every missing
  * tensor or shape mismatch is an error naming the tensor. */
 #include <math.h>
 #include <stdarg.h>
