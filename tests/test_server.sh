@@ -173,6 +173,35 @@ check "logit_bias +100 forces the token" [ "$(jq -r '.choices[0].text' "$T/body"
 st=$(post /v1/completions '{"prompt": "Hello", "temperature": 0, "max_tokens": 3, "frequency_penalty": 1.5, "presence_penalty": 0.5}')
 check "penalties accepted ($st)" [ "$st" = 200 ]
 
+# --- structured output: constrained decoding makes even random weights valid ---
+SCHEMA='{"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+  "age": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+  "ok": {"type": "boolean"}}, "required": ["name", "age", "ok"], "additionalProperties": false}'
+for seed in 1 2 3; do
+  st=$(post /v1/chat/completions "$(chat_req "$MSG" 400 "{temperature: 1, seed: $seed, response_format: {type: \"json_schema\", json_schema: {name: \"p\", schema: $SCHEMA}}}")")
+  jq -r '.choices[0].message.content' "$T/body" >"$T/json_out"
+  check "json_schema seed $seed: finish stop ($(jq -r '.choices[0].finish_reason' "$T/body"))" [ "$(jq -r '.choices[0].finish_reason' "$T/body")" = stop ]
+  check "json_schema seed $seed: valid against the schema: $(head -c 200 "$T/json_out")" jq -e '
+    (keys - ["name", "age", "tags", "ok"] | length == 0) and (.name | type == "string" and length <= 12) and
+    (.age | type == "number" and floor == .) and (.ok | type == "boolean") and
+    ((.tags // []) | length <= 3 and all(. == "a" or . == "b"))' "$T/json_out"
+done
+curl -sN -d "$(chat_req "$MSG" 400 "{temperature: 1, seed: 9, stream: true, response_format: {type: \"json_schema\", json_schema: {name: \"p\", schema: $SCHEMA}}}")" \
+  "$URL/v1/chat/completions" >"$T/jstream"
+stream_text "$T/jstream" >"$T/json_out"
+check "json_schema streamed: an object ($(head -c 120 "$T/json_out"))" jq -e 'type == "object" and (.age | type == "number")' "$T/json_out"
+st=$(post /v1/chat/completions "$(chat_req "$MSG" 24 '{temperature: 0, response_format: {type: "json_object"}}')")
+check "json_object: the output starts an object" grep -q '^{' <(jq -r '.choices[0].message.content' "$T/body")
+st=$(post /v1/completions '{"prompt": "Count:", "max_tokens": 20, "temperature": 1, "seed": 4, "grammar": "root ::= [1-9] [0-9]{0,3} \" apples\""}')
+check "GBNF grammar field" grep -qE '^[1-9][0-9]{0,3} apples$' <(jq -r '.choices[0].text' "$T/body")
+"$BIN" generate -m "$F" -p "Answer:" -n 8 --temp 0.7 --seed 3 --json-schema '{"enum": ["yes", "no"]}' >"$T/cli_json" 2>/dev/null
+check "generate --json-schema ($(cat "$T/cli_json"))" grep -qxE '"(yes|no)"' "$T/cli_json"
+printf 'root ::= "A" [0-9]+ "Z"\n' >"$T/g.gbnf"
+"$BIN" generate -m "$F" -p "x" -n 6 --temp 0.7 --seed 1 --grammar-file "$T/g.gbnf" >"$T/cli_g" 2>/dev/null
+check "generate --grammar-file ($(cat "$T/cli_g"))" grep -qxE 'A[0-9]+Z?' "$T/cli_g"
+"$BIN" generate -m "$F" -p "x" --json-schema '{"type": "string", "pattern": "a"}' >/dev/null 2>"$T/cli_err"
+check "generate --json-schema unsupported keyword" grep -q "'pattern' is not supported" "$T/cli_err"
+
 # --- 8 concurrent streaming clients (4 slots: batching plus queueing) ---
 MSGS=("What is the capital of France?" "Tell me a story" "Write a poem about the sea" "Why is the sky blue?")
 NC=16
@@ -277,6 +306,13 @@ expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "
 expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}'
 expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logit_bias": [1]}'
 expect_err 400 /v1/completions '{"prompt": "x", "echo": true}'
+expect_err 400 /v1/completions '{"prompt": "x", "grammar": "root ::= undefined-rule"}'
+check "grammar error code" [ "$(jq -r .error.code "$T/body")" = invalid_grammar ]
+expect_err 400 /v1/completions '{"prompt": "x", "json_schema": {"type": "string", "pattern": "a+"}}'
+check "unsupported schema keyword named" grep -q "'pattern' is not supported" "$T/body"
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}'
 expect_err 400 /v1/completions '{"prompt": "x", "suffix": "y"}'
 expect_err 400 /v1/completions '{"prompt": "x", "best_of": 3}'
 expect_err 400 /v1/completions '{"prompt": ["a", 5]}'

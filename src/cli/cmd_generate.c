@@ -5,7 +5,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli/args.h"
+#include "grammar/grammar.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "moe/moe.h"
@@ -29,7 +32,10 @@ static void help(FILE *f)
                "output:\n"
                "      --ids-only          print generated ids (space separated, one line) instead of text\n"
                "      --keep-special      print special tokens in the text\n"
-               "      --dump-logits FILE  write the logits after the last prompt token (raw f32 LE)\n");
+               "      --dump-logits FILE  write the logits after the last prompt token (raw f32 LE)\n"
+           "constrained output:\n"
+           "      --grammar-file FILE the output follows this GBNF grammar (docs/server.md)\n"
+           "      --json-schema S     the output is JSON valid against schema S (JSON text, or @FILE)\n");
     cli_common_help(f);
     fprintf(f, "\nDefaults: --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05; --temp 0 is greedy.\n");
 }
@@ -69,11 +75,47 @@ static void print_stats(const mx_gen_stats *st)
     fprintf(stderr, "moe-dispatch fused=%ld gather=%ld\n", ms.fused, ms.gather);
 }
 
+static int grammar_token_bytes(void *ud, int32_t id, char *buf, size_t cap)
+{
+    const mx_tokenizer *t = ud;
+    if (id >= mx_tok_vocab_size(t) || mx_tok_is_special(t, id))
+        return -1;
+    return mx_tok_token_bytes(t, id, buf, cap);
+}
+
+/* --grammar-file FILE or --json-schema (JSON text or @FILE): the grammar
+ * and the vocabulary's byte strings it masks. */
+static int load_grammar(const mx_engine *g, const char *file, const char *schema, mx_grammar **gram,
+                        mx_grammar_vocab **voc, mx_err *e)
+{
+    if (file && schema)
+        return mx_fail(e, MX_EINVAL, "give --grammar-file or --json-schema, not both");
+    char *text = NULL, *gbnf = NULL;
+    size_t len = 0;
+    int rc = MX_OK;
+    if (file || schema[0] == '@')
+        rc = mx_read_file(file ? file : schema + 1, &text, &len, e);
+    if (!rc && schema) {
+        cJSON *j = cJSON_Parse(text ? text : schema);
+        rc = j ? mx_grammar_from_schema(j, &gbnf, e)
+               : mx_fail(e, MX_EINVAL, "--json-schema: not valid JSON");
+        cJSON_Delete(j);
+    }
+    if (!rc)
+        rc = gbnf ? mx_grammar_parse(gbnf, strlen(gbnf), gram, e) : mx_grammar_parse(text, len, gram, e);
+    if (!rc)
+        rc = mx_grammar_vocab_new(g->model->vocab, grammar_token_bytes, g->tok, g->eos, g->n_eos, voc, e);
+    free(text);
+    free(gbnf);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o, 0.8f);
     const char *prompt = NULL, *chat = NULL, *system = NULL, *ids_arg = NULL, *file = NULL;
+    const char *grammar_file = NULL, *json_schema = NULL;
     int no_template = 0, ids_only = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -108,6 +150,12 @@ int cmd_generate(int argc, char **argv)
             o.gen.keep_special = 1;
         } else if (!strcmp(a, "--dump-logits")) {
             if (!(o.gen.dump_logits = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--grammar-file")) {
+            if (!(grammar_file = arg_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--json-schema")) {
+            if (!(json_schema = arg_value(argc, argv, &i)))
                 return 2;
         } else {
             return arg_unknown("generate", a, help);
@@ -166,6 +214,13 @@ int cmd_generate(int argc, char **argv)
     }
     if (rc == 0 && n == 0)
         rc = mx_fail(&e, MX_EINVAL, "the prompt is empty (it encodes to no tokens)");
+    mx_grammar *gram = NULL;
+    mx_grammar_vocab *gvoc = NULL;
+    if (!rc && (grammar_file || json_schema)) {
+        rc = load_grammar(g, grammar_file, json_schema, &gram, &gvoc, &e);
+        o.gen.grammar = gram;
+        o.gen.grammar_vocab = gvoc;
+    }
 
     mx_session *s = NULL;
     mx_gen_stats st = {0};
@@ -194,6 +249,8 @@ int cmd_generate(int argc, char **argv)
     }
     free(ids);
     free(read_text);
+    mx_grammar_free(gram);
+    mx_grammar_vocab_free(gvoc);
     mx_session_free(s);
     mx_engine_free(g);
     return rc ? 1 : 0;

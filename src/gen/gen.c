@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "gen/gen.h"
+#include "grammar/grammar.h"
 #include "util/clock.h"
 
 static int file_exists(const char *dir, const char *name)
@@ -162,6 +163,7 @@ struct mx_gen_req {
     double t0, td;
     int finished;
     float *raw;                  /* (vocab) the logits before sampling, for logprobs */
+    mx_grammar_state *gs;        /* the grammar's parse of the output, when constrained */
     mx_token_logprob lp;
     int lp_valid;
 };
@@ -173,10 +175,18 @@ void mx_gen_req_free(mx_gen_req *r)
     mx_tok_stream_free(r->ts);
     mx_stopper_free(r->stop);
     mx_sampler_free(r->smp);
+    mx_grammar_state_free(r->gs);
     free(r->logits);
     free(r->raw);
     free(r->prompt);
     free(r);
+}
+
+/* The sampler's filter: the grammar's mask over the vocabulary. */
+static size_t grammar_filter(void *ud, float *logits, int32_t vocab)
+{
+    mx_gen_req *r = ud;
+    return mx_grammar_mask(r->gs, logits, vocab);
 }
 
 int mx_gen_req_new(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
@@ -217,6 +227,15 @@ int mx_gen_req_new(mx_engine *g, mx_session *s, const int32_t *prompt, int n_pro
         return mx_fail(e, MX_ENOMEM, "out of memory");
     }
     memcpy(r->prompt, prompt, sizeof *prompt * (size_t)n_prompt);
+    if (o->grammar) {
+        int rc = o->grammar_vocab ? mx_grammar_state_new(o->grammar, o->grammar_vocab, &r->gs, e)
+                                  : mx_fail(e, MX_EINVAL, "a grammar needs the vocabulary's byte strings");
+        if (rc) {
+            mx_gen_req_free(r);
+            return rc;
+        }
+        mx_sampler_set_filter(r->smp, grammar_filter, r);
+    }
     *out = r;
     return MX_OK;
 }
@@ -352,6 +371,13 @@ int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
         return -MX_EINVAL;
     }
     mx_sampler_accept(r->smp, id);
+    /* the mask allowed it, so the grammar takes it (eos only when complete) */
+    if (r->gs && mx_grammar_accept_token(r->gs, id)) {
+        r->finished = 1;
+        r->st.finish = "error";
+        mx_fail(e, MX_EINVAL, "grammar: token %d does not continue the output", (int)id);
+        return -MX_EINVAL;
+    }
     if (r->st.n_gen == 0)
         r->st.t_first = mx_now() - r->t0;
     if (!r->o.ignore_eos && mx_engine_is_eos(r->g, id))
@@ -372,6 +398,9 @@ int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
     free(piece);
     if (hit)
         return finish(r, hit > 0 ? "stop" : "cancelled", 0, e);
+    /* a grammar whose sentence is complete and can go no further */
+    if (r->gs && mx_grammar_finished(r->gs))
+        return finish(r, "stop", 1, e);
     if (r->st.n_gen >= r->o.max_tokens || s->seq->pos + 1 >= s->seq->n_ctx)
         return finish(r, "length", 1, e);
     *next = id;

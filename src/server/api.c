@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "grammar/grammar.h"
 #include "server/srv_int.h"
 
 static const char *error_type(int status)
@@ -303,6 +304,115 @@ static int refuse_unsupported(const srv_req *r, const cJSON *o, srv_reply *rep)
     return 0;
 }
 
+/* A token's bytes for the grammar: special tokens and ids past the
+ * tokenizer (padding rows) are never produced under a grammar. */
+static int vocab_token_bytes(void *ud, int32_t id, char *buf, size_t cap)
+{
+    const mx_tokenizer *t = ud;
+    if (id >= mx_tok_vocab_size(t) || mx_tok_is_special(t, id))
+        return -1;
+    return mx_tok_token_bytes(t, id, buf, cap);
+}
+
+struct mx_grammar_vocab *srv_grammar_vocab(const srv_ctx *c, srv_reply *rep)
+{
+    pthread_mutex_lock(&c->gv->mu);
+    if (!c->gv->v) {
+        mx_err e = {0};
+        double t0 = mx_now();
+        if (mx_grammar_vocab_new(c->g->model->vocab, vocab_token_bytes, c->g->tok, c->g->eos, c->g->n_eos,
+                                 &c->gv->v, &e))
+            srv_error(rep, 500, NULL, "%s", e.msg);
+        else if (!c->o->quiet)
+            fprintf(stderr, "serve: grammar vocabulary built (%d tokens) in %.3f s\n", c->g->model->vocab,
+                    mx_now() - t0);
+    }
+    struct mx_grammar_vocab *v = c->gv->v;
+    pthread_mutex_unlock(&c->gv->mu);
+    return v;
+}
+
+/* Compiles GBNF text into r's grammar; 400 naming the problem. */
+static int set_grammar(const srv_ctx *c, srv_req *r, const char *gbnf, const char *field,
+                       srv_reply *rep)
+{
+    mx_err e = {0};
+    if (r->grammar) {
+        srv_error(rep, 400, "invalid_value", "give only one of 'response_format' json, 'grammar', "
+                                             "'json_schema' and a forced tool call");
+        return -1;
+    }
+    if (mx_grammar_parse(gbnf, strlen(gbnf), &r->grammar, &e)) {
+        srv_error(rep, 400, "invalid_grammar", "'%s': %s", field, e.msg);
+        return -1;
+    }
+    if (!(r->gen.grammar_vocab = srv_grammar_vocab(c, rep)))
+        return -1;
+    r->gen.grammar = r->grammar;
+    return 0;
+}
+
+static int set_schema(const srv_ctx *c, srv_req *r, const cJSON *schema, const char *field,
+                      srv_reply *rep)
+{
+    char *gbnf = NULL;
+    mx_err e = {0};
+    if (mx_grammar_from_schema(schema, &gbnf, &e)) {
+        srv_error(rep, 400, e.code == MX_ENOMEM ? "out_of_memory" : "unsupported_schema", "'%s': %s",
+                  field, e.msg);
+        return -1;
+    }
+    int rc = set_grammar(c, r, gbnf, field, rep);
+    free(gbnf);
+    return rc;
+}
+
+/* response_format ({type: text | json_object | json_schema}), llama.cpp's
+ * 'grammar' (GBNF) and 'json_schema': a grammar over the output. */
+static int parse_constraints(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
+{
+    const cJSON *rf = field(o, "response_format"), *v;
+    if (rf) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t)) {
+            srv_error(rep, 400, "invalid_type", "'response_format' must be an object with a string 'type'");
+            return -1;
+        }
+        if (!strcmp(t->valuestring, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+            const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
+            if (!cJSON_IsObject(js) || !sc) {
+                srv_error(rep, 400, "missing_field", "'response_format.json_schema.schema' is required");
+                return -1;
+            }
+            if (set_schema(c, r, sc, "response_format.json_schema.schema", rep))
+                return -1;
+        } else if (!strcmp(t->valuestring, "json_object")) {
+            /* llama-server also takes a schema here */
+            const cJSON *sc = cJSON_GetObjectItemCaseSensitive(rf, "schema");
+            if (sc ? set_schema(c, r, sc, "response_format.schema", rep)
+                   : set_grammar(c, r, mx_grammar_json_object_gbnf(), "response_format", rep))
+                return -1;
+        } else if (strcmp(t->valuestring, "text") != 0) {
+            srv_error(rep, 400, "invalid_value",
+                      "'response_format.type' must be text, json_object or json_schema (got '%.40s')",
+                      t->valuestring);
+            return -1;
+        }
+    }
+    if ((v = field(o, "grammar"))) {
+        if (!cJSON_IsString(v)) {
+            srv_error(rep, 400, "invalid_type", "'grammar' must be a string (GBNF)");
+            return -1;
+        }
+        if (set_grammar(c, r, v->valuestring, "grammar", rep))
+            return -1;
+    }
+    if ((v = field(o, "json_schema")) && set_schema(c, r, v, "json_schema", rep))
+        return -1;
+    return 0;
+}
+
 /* Sampling, length and streaming fields shared by both endpoints. */
 static int parse_common(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
 {
@@ -367,7 +477,7 @@ static int parse_common(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply 
     if (get_number(o, "presence_penalty", -2, 2, &d, rep))
         return -1;
     sp->presence_penalty = (float)d;
-    if (parse_logit_bias(c, r, o, rep) || parse_logprobs(r, o, rep))
+    if (parse_logit_bias(c, r, o, rep) || parse_logprobs(r, o, rep) || parse_constraints(c, r, o, rep))
         return -1;
     if (get_bool(o, "stream", &r->stream, rep) || get_bool(o, "ignore_eos", &r->gen.ignore_eos, rep))
         return -1;

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "grammar/grammar.h"
 #include "server/srv_int.h"
 #include "util/clock.h"
 
@@ -30,6 +31,7 @@ struct mx_server {
     mx_engine *g;
     mx_server_opts o;
     srv_ctx ctx;
+    srv_vocab gv;
     srv_sched sc;
     struct MHD_Daemon *d;
     int port;
@@ -765,7 +767,8 @@ int mx_server_start(mx_engine *g, const mx_server_opts *o, mx_server **out, mx_e
         return mx_fail(e, MX_ENOMEM, "out of memory");
     }
     s->o.model_id = id;
-    s->ctx = (srv_ctx){.g = g, .o = &s->o, .model_id = id};
+    pthread_mutex_init(&s->gv.mu, NULL);
+    s->ctx = (srv_ctx){.g = g, .o = &s->o, .model_id = id, .gv = &s->gv};
     struct sockaddr_storage sa;
     int v6 = 0, rc = resolve(o->host ? o->host : "127.0.0.1", o->port, &sa, &v6, e);
     if (!rc)
@@ -818,6 +821,8 @@ void mx_server_stop(mx_server *s)
     }
     MHD_stop_daemon(s->d);
     srv_sched_free(&s->sc);
+    mx_grammar_vocab_free(s->gv.v);
+    pthread_mutex_destroy(&s->gv.mu);
     free((char *)s->o.model_id);
     free(s);
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/grammar.h"
 #include "server/srv_int.h"
 #include "util/clock.h"
 
@@ -43,6 +44,7 @@ void srv_req_free(srv_req *r)
     free(r->ch);
     free(r->bias_ids);
     free(r->bias_vals);
+    mx_grammar_free(r->grammar);
     pthread_cond_destroy(&r->cv);
     free(r);
 }

@@ -69,6 +69,7 @@ typedef struct srv_req {
     int n_choices;               /* n_prompts * n */
     mx_gen_opts gen;             /* choice k samples with seed gen.sample.seed + k */
     int32_t *bias_ids;           /* logit_bias (owned; gen.bias_* point here) */
+    struct mx_grammar *grammar;  /* response_format / grammar / forced tool call (owned) */
     float *bias_vals;
     char *stops[SRV_MAX_STOPS];
     char id[48];                 /* "chatcmpl-..." / "cmpl-..." */
@@ -174,17 +175,29 @@ void srv_sched_snapshot(srv_sched *sc, srv_slot_info *info, srv_totals *tot, int
 
 /* ---- JSON requests and responses (api.c) ---- */
 
+/* The vocabulary's byte strings for constrained decoding, built at the
+ * first request that needs them and kept. */
+typedef struct srv_vocab {
+    pthread_mutex_t mu;
+    struct mx_grammar_vocab *v;
+} srv_vocab;
+
 typedef struct srv_ctx {
     mx_engine *g;
     const mx_server_opts *o;
     const char *model_id;
+    srv_vocab *gv;
 } srv_ctx;
+
 
 /* An HTTP answer built by api.c: status and a malloc'ed JSON body. */
 typedef struct srv_reply {
     int status;
     char *body;
 } srv_reply;
+
+/* The grammar vocabulary (built on first use); NULL with rep set. */
+struct mx_grammar_vocab *srv_grammar_vocab(const srv_ctx *c, srv_reply *rep);
 
 /* Fills rep with an OpenAI-style error {"error": {message, type, code}}. */
 void srv_error(srv_reply *rep, int status, const char *code, const char *fmt, ...)
