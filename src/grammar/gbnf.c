@@ -331,7 +331,8 @@ static int repeat(parser *p, int r, int alt_idx, size_t start, long min, long ma
     g_elem *body = malloc(sizeof *body * (n ? n : 1));
     if (!body)
         return fail(p, "grammar: line %d: out of memory%s", "");
-    memcpy(body, q->el + start, sizeof *body * n);
+    if (n)
+        memcpy(body, q->el + start, sizeof *body * n);
     q->n = start;
     int rc = 0;
     /* min copies */

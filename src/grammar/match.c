@@ -290,7 +290,8 @@ static void add_stack(mx_grammar_state *s, sset *out, const uint32_t *st, uint32
         s->oom = 1;
         return;
     }
-    memcpy(s->ar + s->ar_n, st, sizeof *st * len);
+    if (len)
+        memcpy(s->ar + s->ar_n, st, sizeof *st * len);
     s->ls[s->ls_n++] = (stk){(uint32_t)s->ar_n, len};
     s->ar_n += len;
     out->n++;
@@ -502,12 +503,15 @@ int mx_grammar_accept_bytes(mx_grammar_state *s, const char *b, size_t n)
         size_t o = 0;
         for (uint32_t i = 0; i < x.n; i++) {
             stk k = s->ls[x.first + i];
-            memcpy(sa + o, s->ar + k.off, sizeof *sa * k.len);
+            if (k.len)
+                memcpy(sa + o, s->ar + k.off, sizeof *sa * k.len);
             sl[i] = (stk){(uint32_t)o, k.len};
             o += k.len;
         }
-        memcpy(s->ar, sa, sizeof *sa * o);
-        memcpy(s->ls, sl, sizeof *sl * x.n);
+        if (o)
+            memcpy(s->ar, sa, sizeof *sa * o);
+        if (x.n)
+            memcpy(s->ls, sl, sizeof *sl * x.n);
         s->ar_n = o;
         s->ls_n = x.n;
         x.first = 0;
@@ -583,7 +587,8 @@ static size_t state_key(mx_grammar_state *s, uint64_t *hash)
     for (uint32_t i = 0; i < s->cur.n; i++) {
         stk k = s->ls[s->cur.first + i];
         s->key[o++] = 0x80000000u | k.len;
-        memcpy(s->key + o, s->ar + k.off, sizeof *s->key * k.len);
+        if (k.len)
+            memcpy(s->key + o, s->ar + k.off, sizeof *s->key * k.len);
         o += k.len;
     }
     uint64_t h = 1469598103934665603ull;
