@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "moe/moe.h"
 #include "util/parallel.h"
+#include "util/file.h"
 #include "util/sysinfo.h"
 
 static void help(FILE *f)

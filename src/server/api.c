@@ -12,6 +12,7 @@
 
 #include "grammar/grammar.h"
 #include "server/srv_int.h"
+#include "util/clock.h"
 
 static const char *error_type(int status)
 {
