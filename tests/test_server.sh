@@ -306,6 +306,8 @@ expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "
 expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}'
 expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "logit_bias": [1]}'
 expect_err 400 /v1/completions '{"prompt": "x", "echo": true}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "required"}'
+expect_err 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "tools": {}}'
 expect_err 400 /v1/completions '{"prompt": "x", "grammar": "root ::= undefined-rule"}'
 check "grammar error code" [ "$(jq -r .error.code "$T/body")" = invalid_grammar ]
 expect_err 400 /v1/completions '{"prompt": "x", "json_schema": {"type": "string", "pattern": "a+"}}'

@@ -600,11 +600,27 @@ static int render_chat(const srv_ctx *c, const cJSON *o, char **text, srv_reply 
         srv_error(rep, 400, "invalid_type", "'chat_template_kwargs' must be an object");
         return -1;
     }
+    const cJSON *tools = field(o, "tools"), *choice = field(o, "tool_choice");
+    if (tools && !cJSON_IsArray(tools)) {
+        srv_error(rep, 400, "invalid_type", "'tools' must be a list");
+        return -1;
+    }
+    /* the template sees the tools; forcing a call needs the tool-call
+     * parser and grammar, which are not there yet: refused, not ignored */
+    if (choice && !(cJSON_IsString(choice) && (!strcmp(choice->valuestring, "auto") ||
+                                               !strcmp(choice->valuestring, "none")))) {
+        srv_error(rep, 400, "unsupported_value",
+                  "'tool_choice' other than \"auto\" or \"none\" is not supported yet");
+        return -1;
+    }
+    if (choice && !strcmp(choice->valuestring, "none"))
+        tools = NULL;
     cJSON *msgs = template_messages(o, rep);
     if (!msgs)
         return -1;
     mx_err e = {0};
-    int rc = mx_chat_render_json(c->g->tmpl, msgs, NULL, kw, 1, text, &e);
+    int rc = mx_chat_render_json(c->g->tmpl, msgs, tools && cJSON_GetArraySize(tools) ? tools : NULL, kw,
+                                 1, text, &e);
     cJSON_Delete(msgs);
     if (rc) {
         srv_error(rep, 400, "invalid_prompt", "chat template: %s", e.msg);
