@@ -20,7 +20,7 @@ import time
 
 FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
          "generation_config.json", "eval/reference_ppl.json", "eval/reference_greedy.json",
-         "eval/training.json"]
+         "eval/training.json", "eval/heldout.txt"]
 
 
 def main():

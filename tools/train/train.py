@@ -500,15 +500,16 @@ def main():
     p.add_argument("--max-pos", type=int, default=2048)
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-frac", type=float, default=0.1)
     p.add_argument("--wd", type=float, default=0.1)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=0.3)
     p.add_argument("--aux-coef", type=float, default=0.01)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--max-train-seconds", type=float, default=360)
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--max-train-seconds", type=float, default=840,
+                   help="stop training (keeping the best checkpoint so far) after this long")
     p.add_argument("--eval-ctx", type=int, default=256)
     p.add_argument("--prompt", default="And God said")
     p.add_argument("--greedy-n", type=int, default=16)
@@ -548,6 +549,8 @@ def main():
     st_f = float_ppl(best_state, cfg, data["heldout"], a.eval_ctx, dev)
     log(f"held-out PPL of the unquantized trained weights: {st_f['ppl']:.4f}")
     st, g, hf_info, _, _ = evaluate(a, a.out, data["heldout"], prompt_ids, dev)
+    with open(os.path.join(a.out, "eval", "heldout.txt"), "w", encoding="utf-8", newline="\n") as f:
+        f.write(texts["heldout"])   # the text the reference PPL is over, beside it
     try:
         from tokenizers import Tokenizer
         text = Tokenizer.from_file(tok_path).decode(prompt_ids + g)
