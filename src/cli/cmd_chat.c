@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/repl.h"
+#include "util/file.h"
 
 static void help(FILE *f)
 {
