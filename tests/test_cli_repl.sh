@@ -17,7 +17,6 @@ if [ -z "${MLXCEL_FIXTURES:-}" ]; then
 fi
 CHAT=$MLXCEL_FIXTURES/qwen2_moe_tiny_chat
 T=$(mktemp -d)
-SOCK=mlxcel-repl-test-$$
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok   $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; }
@@ -44,7 +43,8 @@ if ! command -v tmux >/dev/null; then
   echo "$pass passed, $fail failed"
   [ $fail -eq 0 ]; exit $?
 fi
-TM() { tmux -L "$SOCK" -f /dev/null "$@"; }
+# a private server whose socket lives (and goes) with the temporary folder
+TM() { tmux -S "$T/tmux.sock" -f /dev/null "$@"; }
 trap 'TM kill-server 2>/dev/null; rm -rf "$T"' EXIT
 
 screen() { TM capture-pane -p -J -S - -t repl 2>/dev/null | sed "s/[[:space:]]*$//"; }
