@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "server/server.h"
+#include "util/file.h"
 #include "util/parallel.h"
 
 static void help(FILE *f)
@@ -37,13 +38,15 @@ static void help(FILE *f)
            "      --cors-origin ORIGIN  allow browsers from ORIGIN ('*' for any) to call the API\n"
            "                          (CORS headers and preflight; default: off)\n"
            "      --metrics           serve GET /metrics (Prometheus text format)\n"
+           "      --chat-template-file FILE  use this Jinja chat template instead of the\n"
+           "                          checkpoint's (e.g. one with tool support)\n"
            "      --quiet             no per-request log lines\n"
            "model and sampling defaults (a request's fields override them):\n");
     cli_common_help(f);
     fprintf(f, "\nThe context size (--ctx-size) is per slot: memory grows with --parallel.\n");
 }
 
-static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
+static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so, const char **tmpl_file)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -103,6 +106,9 @@ static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
             so->cors_origin = *v ? v : NULL;
         } else if (!strcmp(a, "--metrics")) {
             so->metrics = 1;
+        } else if (!strcmp(a, "--chat-template-file")) {
+            VAL();
+            *tmpl_file = v;
         } else if (!strcmp(a, "--quiet")) {
             so->quiet = 1;
         } else {
@@ -120,13 +126,35 @@ static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so)
     return 0;
 }
 
+/* Replaces the checkpoint's chat template with the one in FILE (its
+ * bos/eos token strings stay the checkpoint's). */
+static int use_template_file(mx_engine *g, const char *path, mx_err *e)
+{
+    char *text = NULL;
+    size_t len = 0;
+    mx_chat_template *t = NULL;
+    int rc = mx_read_file(path, &text, &len, e);
+    if (!rc && strlen(text) != len)
+        rc = mx_fail(e, MX_EFORMAT, "%s: the template holds a NUL byte", path);
+    if (!rc && (rc = mx_chat_template_from_string(text, mx_chat_template_bos(g->tmpl),
+                                                  mx_chat_template_eos(g->tmpl), &t, e)))
+        mx_err_prefix(e, "%s", path);
+    if (!rc) {
+        mx_chat_template_free(g->tmpl);
+        g->tmpl = t;
+    }
+    free(text);
+    return rc;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     cli_opts co;
     cli_opts_init(&co, 0.8f);
     mx_server_opts so;
     mx_server_opts_defaults(&so);
-    int pr = parse(argc, argv, &co, &so);
+    const char *tmpl_file = NULL;
+    int pr = parse(argc, argv, &co, &so, &tmpl_file);
     if (pr)
         return pr == 1 ? 0 : pr;
 
@@ -143,6 +171,11 @@ int cmd_serve(int argc, char **argv)
     mx_engine *g = NULL;
     if (mx_engine_load(co.model, MX_TOKENIZER_REQUIRED, &g, &e)) {
         fprintf(stderr, "mlxcel serve: %s\n", e.msg);
+        return 1;
+    }
+    if (tmpl_file && use_template_file(g, tmpl_file, &e)) {
+        fprintf(stderr, "mlxcel serve: --chat-template-file: %s\n", e.msg);
+        mx_engine_free(g);
         return 1;
     }
     so.n_ctx = cli_ctx(&co, g->model);

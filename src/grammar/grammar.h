@@ -38,6 +38,14 @@ void mx_grammar_free(mx_grammar *g);
  * integers, string formats date, time, date-time, uuid).  A keyword outside
  * the subset is an error naming it (code MX_EINVAL).  *gbnf is malloc'ed. */
 int mx_grammar_from_schema(const struct cJSON *schema, char **gbnf, mx_err *e);
+/* Several schemas in one grammar: the GBNF text `rules` (it defines root
+ * and may refer to the names; NULL for none), then `names[i] ::= <the
+ * grammar of schemas[i]>` for each i, then the JSON primitives (ws,
+ * json-string, json-value, ...).  Names must be GBNF rule names that
+ * differ from the compiler's own (r<N>, json-*, ws).  Errors as
+ * mx_grammar_from_schema's; *gbnf is malloc'ed. */
+int mx_grammar_from_schemas(const char *rules, int n, const struct cJSON *const *schemas,
+                            const char *const *names, char **gbnf, mx_err *e);
 /* GBNF of any JSON object (response_format json_object). */
 const char *mx_grammar_json_object_gbnf(void);
 

@@ -448,14 +448,30 @@ static int node(comp *c, const cJSON *s, int *rule)
 
 int mx_grammar_from_schema(const cJSON *schema, char **gbnf, mx_err *e)
 {
+    const char *name = "root";
+    return mx_grammar_from_schemas(NULL, 1, &schema, &name, gbnf, e);
+}
+
+int mx_grammar_from_schemas(const char *rules, int n, const cJSON *const *schemas,
+                            const char *const *names, char **gbnf, mx_err *e)
+{
     *gbnf = NULL;
-    comp c = {.root = schema, .e = e};
-    int root;
-    if (node(&c, schema, &root) || c.failed) {
+    comp c = {.e = e};
+    if (rules)
+        sb_add(&c.out, "%s", rules);
+    for (int i = 0; i < n && !c.failed; i++) {
+        int r;
+        /* "$ref": "#" means this schema's own root */
+        c.root = schemas[i];
+        if (node(&c, schemas[i], &r))
+            break;
+        sb_add(&c.out, "%s ::= r%d\n", names[i], r);
+    }
+    if (c.failed) {
         free(c.out.p);
         return e && e->code ? e->code : MX_EINVAL;
     }
-    sb_add(&c.out, "root ::= r%d\n%s", root, PRIMITIVES);
+    sb_add(&c.out, "%s", PRIMITIVES);
     if (c.out.oom) {
         free(c.out.p);
         return mx_fail(e, MX_ENOMEM, "json schema: out of memory");

@@ -542,11 +542,31 @@ static cJSON *message_content(const cJSON *msg, size_t idx, srv_reply *rep)
     return v;
 }
 
+/* OpenAI clients send an earlier call's arguments as a JSON string; the
+ * hermes and mistral templates want an object (they print it with tojson;
+ * Qwen3's takes either), so a string that is JSON becomes that value. */
+static void tool_call_arguments_as_objects(cJSON *msg)
+{
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls"), *call;
+    if (!cJSON_IsArray(calls))
+        return;
+    cJSON_ArrayForEach(call, calls)
+    {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        cJSON *v = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (v && !cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", v))
+            cJSON_Delete(v);
+    }
+}
+
 /* The request's messages as the template sees them: every message an
  * object with a string role; content normalised to a string (null and
  * absent become "", text parts are joined); other fields (tool_calls,
- * tool_call_id, name, ...) passed through.  NULL with rep set on error. */
-static cJSON *template_messages(const cJSON *o, srv_reply *rep)
+ * tool_call_id, name, ...) passed through, with tool-call arguments as
+ * objects for templates of a known tool format.  NULL with rep set on
+ * error. */
+static cJSON *template_messages(const srv_ctx *c, const cJSON *o, srv_reply *rep)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!msgs) {
@@ -579,16 +599,99 @@ static cJSON *template_messages(const cJSON *o, srv_reply *rep)
         }
         cJSON_DeleteItemFromObjectCaseSensitive(m, "content");
         cJSON_AddItemToObject(m, "content", content);
+        if (c->tool_fmt != MX_TOOLS_NONE)
+            tool_call_arguments_as_objects(m);
         cJSON_AddItemToArray(out, m);
         i++;
     }
     return out;
 }
 
-/* Renders a chat request (messages, tools, chat_template_kwargs) with the
- * checkpoint's template and the generation prompt: the one path of chat
- * completions and /apply-template.  *text is malloc'ed. */
-static int render_chat(const srv_ctx *c, const cJSON *o, char **text, srv_reply *rep)
+enum { TOOL_AUTO, TOOL_NONE, TOOL_REQUIRED, TOOL_NAMED };
+
+/* A chat request's tools and tool_choice, validated. */
+typedef struct tool_req {
+    const cJSON *tools;          /* a non-empty list, or NULL */
+    int choice;                  /* TOOL_* */
+    const char *name;            /* TOOL_NAMED: the function */
+} tool_req;
+
+static int parse_tools(const cJSON *o, tool_req *t, srv_reply *rep)
+{
+    memset(t, 0, sizeof *t);
+    const cJSON *tools = field(o, "tools"), *choice = field(o, "tool_choice"), *v;
+    if (tools && !cJSON_IsArray(tools)) {
+        srv_error(rep, 400, "invalid_type", "'tools' must be a list");
+        return -1;
+    }
+    int i = 0;
+    cJSON_ArrayForEach(v, tools)
+    {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(v, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        if (!cJSON_IsObject(v) || (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "function"))) ||
+            !cJSON_IsObject(fn) || !cJSON_IsString(name) || !*name->valuestring ||
+            strlen(name->valuestring) > 256 || (params && !cJSON_IsObject(params) && !cJSON_IsNull(params))) {
+            srv_error(rep, 400, "invalid_value",
+                      "'tools'[%d] must be {\"type\": \"function\", \"function\": {\"name\": "
+                      "\"...\" (1 to 256 bytes), \"parameters\": {JSON Schema}}}", i);
+            return -1;
+        }
+        i++;
+    }
+    t->tools = i ? tools : NULL;
+    t->choice = TOOL_AUTO;
+    if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) {
+        t->choice = TOOL_NONE;
+    } else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) {
+        t->choice = TOOL_REQUIRED;
+    } else if (cJSON_IsObject(choice)) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(choice, "type");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice, "function"),
+                                                             "name");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name)) {
+            srv_error(rep, 400, "invalid_value", "'tool_choice' as an object must be {\"type\": \"function\", "
+                                                 "\"function\": {\"name\": \"...\"}}");
+            return -1;
+        }
+        t->choice = TOOL_NAMED;
+        t->name = name->valuestring;
+    } else if (choice && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto"))) {
+        srv_error(rep, 400, "invalid_value", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                             "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}");
+        return -1;
+    }
+    if ((t->choice == TOOL_REQUIRED || t->choice == TOOL_NAMED) && !t->tools) {
+        srv_error(rep, 400, "invalid_value", "'tool_choice' %s needs a non-empty 'tools' list",
+                  t->choice == TOOL_NAMED ? "naming a function" : "\"required\"");
+        return -1;
+    }
+    if (t->choice == TOOL_NAMED) {
+        int found = 0;
+        cJSON_ArrayForEach(v, t->tools)
+        {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(v, "function"), "name");
+            found |= !strcmp(name->valuestring, t->name);
+        }
+        if (!found) {
+            srv_error(rep, 400, "invalid_value", "'tool_choice' names the function '%.100s', which is not in 'tools'",
+                      t->name);
+            return -1;
+        }
+    }
+    if (get_bool(o, "parallel_tool_calls", &(int){0}, rep))
+        return -1;
+    if (t->choice == TOOL_NONE)
+        t->tools = NULL;             /* the model is not told about them */
+    return 0;
+}
+
+/* Renders a chat request (messages, the tools of t, chat_template_kwargs)
+ * with the checkpoint's template and the generation prompt: the one path of
+ * chat completions and /apply-template.  *text is malloc'ed. */
+static int render_chat(const srv_ctx *c, const cJSON *o, const tool_req *t, char **text, srv_reply *rep)
 {
     *text = NULL;
     if (!c->g->tmpl) {
@@ -600,27 +703,11 @@ static int render_chat(const srv_ctx *c, const cJSON *o, char **text, srv_reply 
         srv_error(rep, 400, "invalid_type", "'chat_template_kwargs' must be an object");
         return -1;
     }
-    const cJSON *tools = field(o, "tools"), *choice = field(o, "tool_choice");
-    if (tools && !cJSON_IsArray(tools)) {
-        srv_error(rep, 400, "invalid_type", "'tools' must be a list");
-        return -1;
-    }
-    /* the template sees the tools; forcing a call needs the tool-call
-     * parser and grammar, which are not there yet: refused, not ignored */
-    if (choice && !(cJSON_IsString(choice) && (!strcmp(choice->valuestring, "auto") ||
-                                               !strcmp(choice->valuestring, "none")))) {
-        srv_error(rep, 400, "unsupported_value",
-                  "'tool_choice' other than \"auto\" or \"none\" is not supported yet");
-        return -1;
-    }
-    if (choice && !strcmp(choice->valuestring, "none"))
-        tools = NULL;
-    cJSON *msgs = template_messages(o, rep);
+    cJSON *msgs = template_messages(c, o, rep);
     if (!msgs)
         return -1;
     mx_err e = {0};
-    int rc = mx_chat_render_json(c->g->tmpl, msgs, tools && cJSON_GetArraySize(tools) ? tools : NULL, kw,
-                                 1, text, &e);
+    int rc = mx_chat_render_json(c->g->tmpl, msgs, t->tools, kw, 1, text, &e);
     cJSON_Delete(msgs);
     if (rc) {
         srv_error(rep, 400, "invalid_prompt", "chat template: %s", e.msg);
@@ -629,10 +716,45 @@ static int render_chat(const srv_ctx *c, const cJSON *o, char **text, srv_reply 
     return 0;
 }
 
+/* Tools offered (tool_choice other than none): the output is parsed for
+ * calls in the template's format, and required / a named function force
+ * one call with a grammar.  A template without a known format cannot be
+ * used with tools: refused rather than answered with unparsed text. */
+static int setup_tools(const srv_ctx *c, srv_req *r, const tool_req *t, srv_reply *rep)
+{
+    if (!t->tools)
+        return 0;
+    if (c->tool_fmt == MX_TOOLS_NONE) {
+        srv_error(rep, 400, "tools_unsupported",
+                  "this model's chat template has no tool-call format that mlxcel knows (it mentions "
+                  "neither <tool_call> nor [TOOL_CALLS]), so tool calls can be neither forced nor read: "
+                  "leave 'tools' out, send 'tool_choice': \"none\", or start the server with "
+                  "--chat-template-file FILE naming a template with tool support");
+        return -1;
+    }
+    r->tool_fmt = c->tool_fmt;
+    /* Mistral's [TOOL_CALLS] is a special token: keep it in the text */
+    if (c->tool_fmt == MX_TOOLS_MISTRAL)
+        r->gen.keep_special = 1;
+    if (t->choice != TOOL_REQUIRED && t->choice != TOOL_NAMED)
+        return 0;
+    char *gbnf = NULL;
+    mx_err e = {0};
+    if (mx_tool_grammar(c->tool_fmt, t->tools, t->choice == TOOL_NAMED ? t->name : NULL, &gbnf, &e)) {
+        srv_error(rep, e.code == MX_ENOMEM ? 500 : 400, e.code == MX_ENOMEM ? NULL : "unsupported_schema",
+                  "%s", e.msg);
+        return -1;
+    }
+    int rc = set_grammar(c, r, gbnf, "tool_choice", rep);
+    free(gbnf);
+    return rc;
+}
+
 static int encode_chat(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply *rep)
 {
     char *text = NULL;
-    if (render_chat(c, o, &text, rep))
+    tool_req t;
+    if (parse_tools(o, &t, rep) || setup_tools(c, r, &t, rep) || render_chat(c, o, &t, &text, rep))
         return -1;
     mx_err e = {0};
     int rc = mx_engine_encode(c->g, text, &r->prompts[0], &r->n_prompt_of[0], &e);
@@ -651,7 +773,8 @@ void srv_apply_template(const srv_ctx *c, const char *body, size_t len, srv_repl
     if (!o)
         return;
     char *text = NULL;
-    if (!render_chat(c, o, &text, rep)) {
+    tool_req t;
+    if (!parse_tools(o, &t, rep) && !render_chat(c, o, &t, &text, rep)) {
         cJSON *r = cJSON_CreateObject();
         cJSON_AddStringToObject(r, "prompt", text);
         reply_json(rep, r);
@@ -947,6 +1070,86 @@ static cJSON *logprobs_json(const srv_ctx *c, const srv_req *r, const srv_lp *lp
     return o;
 }
 
+/* A fresh tool-call id: OpenAI's "call_" and 24 letters or digits, or the
+ * 9 letters and digits that Mistral's templates insist on. */
+static void tool_call_id(mx_tool_format f, char *buf, size_t cap)
+{
+    static const char an[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    static uint64_t counter;
+    uint64_t x = (uint64_t)(mx_now() * 1e9) ^ __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull;
+    size_t n = f == MX_TOOLS_MISTRAL ? 9 : 24, o = 0;
+    if (f != MX_TOOLS_MISTRAL)
+        o = (size_t)snprintf(buf, cap, "call_");
+    for (size_t i = 0; i < n && o + 1 < cap; i++) {
+        /* splitmix64 steps */
+        x += 0x9E3779B97F4A7C15ull;
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        buf[o++] = an[(z ^ (z >> 31)) % (sizeof an - 1)];
+    }
+    buf[o] = 0;
+}
+
+/* {"id", "type": "function", "function": {"name", "arguments"}}, with the
+ * stream's "index" when index >= 0. */
+static cJSON *tool_call_json(const srv_req *r, const mx_tool_call *tc, int index, int with_args)
+{
+    char id[48];
+    cJSON *o = cJSON_CreateObject();
+    if (index >= 0)
+        cJSON_AddNumberToObject(o, "index", index);
+    if (tc->id)
+        snprintf(id, sizeof id, "%s", tc->id);
+    else
+        tool_call_id(r->tool_fmt, id, sizeof id);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(o, "function");
+    cJSON_AddStringToObject(fn, "name", tc->name);
+    cJSON_AddStringToObject(fn, "arguments", with_args ? tc->arguments : "");
+    return o;
+}
+
+const char *srv_finish_reason(const srv_req *r, const srv_choice *ch, int n_calls)
+{
+    const char *f = ch->finish ? ch->finish : r->finish;
+    return n_calls && f && !strcmp(f, "stop") ? "tool_calls" : f;
+}
+
+/* A chat choice's message: its text, or with tools the content and the
+ * calls the text holds (content null when it is only calls). */
+static cJSON *chat_message(const srv_req *r, const srv_choice *sc, int *n_calls)
+{
+    cJSON *msg = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "role", "assistant");
+    *n_calls = 0;
+    if (!r->tool_fmt) {
+        cJSON_AddItemToObject(msg, "content", string_n(sc->text ? sc->text : "", sc->len));
+        return msg;
+    }
+    mx_tool_parser p;
+    mx_tool_out out = {0};
+    mx_tool_parser_init(&p, r->tool_fmt);
+    if (mx_tool_parse(&p, sc->text ? sc->text : "", sc->len, 1, &out)) {
+        mx_tool_out_free(&out);
+        cJSON_Delete(msg);
+        return NULL;
+    }
+    if (out.n_calls && !out.len)
+        cJSON_AddNullToObject(msg, "content");
+    else
+        cJSON_AddItemToObject(msg, "content", string_n(out.content ? out.content : "", out.len));
+    if (out.n_calls) {
+        cJSON *calls = cJSON_AddArrayToObject(msg, "tool_calls");
+        for (int i = 0; i < out.n_calls; i++)
+            cJSON_AddItemToArray(calls, tool_call_json(r, &out.calls[i], -1, 1));
+    }
+    *n_calls = out.n_calls;
+    mx_tool_out_free(&out);
+    return msg;
+}
+
 void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep)
 {
     int chat = r->kind == SRV_CHAT;
@@ -957,16 +1160,20 @@ void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep)
         cJSON *ch = cJSON_CreateObject();
         cJSON_AddItemToArray(choices, ch);
         cJSON_AddNumberToObject(ch, "index", k);
-        cJSON *text = string_n(sc->text ? sc->text : "", sc->len);
+        int n_calls = 0;
         if (chat) {
-            cJSON *msg = cJSON_AddObjectToObject(ch, "message");
-            cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddItemToObject(msg, "content", text);
+            cJSON *msg = chat_message(r, sc, &n_calls);
+            if (!msg) {
+                cJSON_Delete(o);
+                srv_error(rep, 500, NULL, "out of memory");
+                return;
+            }
+            cJSON_AddItemToObject(ch, "message", msg);
         } else {
-            cJSON_AddItemToObject(ch, "text", text);
+            cJSON_AddItemToObject(ch, "text", string_n(sc->text ? sc->text : "", sc->len));
         }
         cJSON_AddItemToObject(ch, "logprobs", logprobs_json(c, r, sc->lp, sc->n_lp));
-        cJSON_AddStringToObject(ch, "finish_reason", sc->finish ? sc->finish : r->finish);
+        cJSON_AddStringToObject(ch, "finish_reason", srv_finish_reason(r, sc, n_calls));
     }
     cJSON_AddItemToObject(o, "usage", usage_json(r, r->n_gen));
     reply_json(rep, o);
@@ -1017,6 +1224,51 @@ char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, int k, const char *text,
     else
         cJSON_AddNullToObject(ch, "finish_reason");
     return sse(o);
+}
+
+/* One chat chunk of choice k whose delta carries tool call tc. */
+static char *tool_call_chunk(const srv_ctx *c, const srv_req *r, int k, const mx_tool_call *tc, int index,
+                             int header)
+{
+    cJSON *o = envelope(c, r, "chat.completion.chunk");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
+    cJSON_AddNumberToObject(ch, "index", k);
+    cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+    cJSON *calls = cJSON_AddArrayToObject(d, "tool_calls");
+    if (header) {
+        cJSON_AddItemToArray(calls, tool_call_json(r, tc, index, 0));
+    } else {
+        cJSON *call = cJSON_CreateObject();
+        cJSON_AddNumberToObject(call, "index", index);
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(call, "function"), "arguments", tc->arguments);
+        cJSON_AddItemToArray(calls, call);
+    }
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    return sse(o);
+}
+
+char *srv_tool_calls_sse(const srv_ctx *c, const srv_req *r, int k, const mx_tool_call *calls, int n,
+                         int first)
+{
+    size_t len = 0;
+    char *all = calloc(1, 1);
+    for (int i = 0; all && i < 2 * n; i++) {
+        char *ev = tool_call_chunk(c, r, k, &calls[i / 2], first + i / 2, i % 2 == 0);
+        size_t m = ev ? strlen(ev) : 0;
+        char *q = ev ? realloc(all, len + m + 1) : NULL;
+        if (!q) {
+            free(ev);
+            free(all);
+            return NULL;
+        }
+        memcpy(q + len, ev, m + 1);
+        len += m;
+        all = q;
+        free(ev);
+    }
+    return all;
 }
 
 char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen)
@@ -1107,6 +1359,11 @@ void srv_props(const srv_ctx *c, srv_reply *rep)
     const char *t = mx_chat_template_text(c->g->tmpl);
     cJSON_AddStringToObject(o, "chat_template", t ? t : "");
     cJSON_AddBoolToObject(o, "chat_template_is_fallback", mx_chat_template_is_fallback(c->g->tmpl));
+    const char *tf = mx_tool_format_name(c->tool_fmt);
+    if (tf)
+        cJSON_AddStringToObject(o, "tool_call_format", tf);
+    else
+        cJSON_AddNullToObject(o, "tool_call_format");
     const char *bos = mx_chat_template_bos(c->g->tmpl), *eos = mx_chat_template_eos(c->g->tmpl);
     cJSON_AddStringToObject(o, "bos_token", bos ? bos : "");
     cJSON_AddStringToObject(o, "eos_token", eos ? eos : "");

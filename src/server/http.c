@@ -68,6 +68,7 @@ typedef struct stream_state {
     size_t sent;                 /* bytes of its text already sent */
     int sent_lp;                 /* and of its logprobs entries */
     int phase;                   /* 0 start of a choice, 1 text, 2 end, 3 done */
+    mx_tool_parser tp;           /* with tools: the choice's calls and content */
 } stream_state;
 
 void mx_server_opts_defaults(mx_server_opts *o)
@@ -168,6 +169,41 @@ static void deadline_in(struct timespec *ts, long ms)
     ts->tv_nsec %= 1000000000L;
 }
 
+/* With tools (under the scheduler's mutex): feeds choice ch's text to the
+ * stream's parser and makes *ev the events of what it released: a content
+ * chunk (with the n_lp new logprobs entries) and two chunks per completed
+ * call.  *ev stays NULL when nothing was released.  0, or -1 on failure. */
+static int tool_events(stream_state *ss, const srv_choice *ch, int n_lp, int ended, char **ev)
+{
+    const srv_ctx *c = &ss->srv->ctx;
+    const srv_req *r = ss->r;
+    mx_tool_out out = {0};
+    int first = ss->tp.n_calls;
+    *ev = NULL;
+    if (mx_tool_parse(&ss->tp, ch->text ? ch->text : "", ch->len, ended, &out)) {
+        mx_tool_out_free(&out);
+        return -1;
+    }
+    char *a = out.len || n_lp ? srv_chunk_sse(c, r, ss->k, out.len ? out.content : NULL, out.len,
+                                              n_lp ? ch->lp + ss->sent_lp : NULL, n_lp, NULL, 0)
+                              : NULL;
+    char *b = out.n_calls ? srv_tool_calls_sse(c, r, ss->k, out.calls, out.n_calls, first) : NULL;
+    int failed = ((out.len || n_lp) && !a) || (out.n_calls && !b);
+    size_t na = a ? strlen(a) : 0, nb = b ? strlen(b) : 0;
+    if (!failed && (a || b)) {
+        if ((*ev = malloc(na + nb + 1))) {
+            memcpy(*ev, a ? a : "", na);
+            memcpy(*ev + na, b ? b : "", nb + 1);
+        } else {
+            failed = 1;
+        }
+    }
+    free(a);
+    free(b);
+    mx_tool_out_free(&out);
+    return failed ? -1 : 0;
+}
+
 /* The next event of the stream into ss->pend; 0 ok, -1 on failure.  The
  * choices of a request are generated one after another, so they are
  * streamed in turn: each its role chunk (chat), its text, its finish. */
@@ -187,28 +223,52 @@ static int next_event(stream_state *ss)
         timeout_pause(ss->conn);
         pthread_mutex_lock(&s->sc.mu);
         srv_choice *ch = &r->ch[ss->k];
-        while (ch->len == ss->sent && ch->n_lp == ss->sent_lp && !ch->done && !r->done) {
-            struct timespec ts;
-            deadline_in(&ts, 1000);
-            pthread_cond_timedwait(&r->cv, &s->sc.mu, &ts);
-        }
         char *ev = NULL;
-        size_t n = ch->len - ss->sent;
-        int n_lp = ch->n_lp - ss->sent_lp;
-        int more = n || n_lp;
-        if (more) {
+        size_t n;
+        int n_lp, more;
+        for (;;) {
+            while (ch->len == ss->sent && ch->n_lp == ss->sent_lp && !ch->done && !r->done) {
+                struct timespec ts;
+                deadline_in(&ts, 1000);
+                pthread_cond_timedwait(&r->cv, &s->sc.mu, &ts);
+            }
+            n = ch->len - ss->sent;
+            n_lp = ch->n_lp - ss->sent_lp;
+            more = n || n_lp;
+            if (!r->tool_fmt)
+                break;
+            /* content and calls as the parser releases them: it holds back
+             * text that may be the start of a call until that is decided
+             * (then there is nothing to send yet: wait for more), and lets
+             * go of the rest when the choice ends */
+            int ended = ch->done || r->done;
+            if (tool_events(ss, ch, n_lp, ended, &ev)) {
+                pthread_mutex_unlock(&s->sc.mu);
+                timeout_resume(s, ss->conn);
+                return -1;
+            }
+            ss->sent = ch->len;
+            ss->sent_lp = ch->n_lp;
+            more = ev != NULL;
+            if (more || ended)
+                break;
+        }
+        if (more && !r->tool_fmt) {
             ev = srv_chunk_sse(c, r, ss->k, n ? ch->text + ss->sent : NULL, n,
                                n_lp ? ch->lp + ss->sent_lp : NULL, n_lp, NULL, 0);
             ss->sent = ch->len;
             ss->sent_lp = ch->n_lp;
+        } else if (more) {
+            /* with tools, ev was made above */
         } else if (ch->done && !r->err_status && ss->k + 1 < r->n_choices) {
             /* this choice is complete and another follows */
-            ev = srv_chunk_sse(c, r, ss->k, NULL, 0, NULL, 0, ch->finish, 0);
+            ev = srv_chunk_sse(c, r, ss->k, NULL, 0, NULL, 0, srv_finish_reason(r, ch, ss->tp.n_calls), 0);
             more = 1;
             ss->k++;
             ss->sent = 0;
             ss->sent_lp = 0;
             ss->phase = 0;
+            mx_tool_parser_init(&ss->tp, r->tool_fmt);
         } else {
             ss->phase = 2;
         }
@@ -223,7 +283,7 @@ static int next_event(stream_state *ss)
     const srv_choice *ch = &r->ch[ss->k];
     char *a = r->err_status ? srv_error_sse(r->err, r->err_code)
                             : srv_chunk_sse(c, r, ss->k, NULL, 0, NULL, 0,
-                                            ch->finish ? ch->finish : r->finish, 0);
+                                            srv_finish_reason(r, ch, ss->tp.n_calls), 0);
     char *u = !r->err_status && r->include_usage ? srv_usage_sse(c, r, r->n_gen) : NULL;
     static const char done[] = "data: [DONE]\n\n";
     size_t na = a ? strlen(a) : 0, nu = u ? strlen(u) : 0;
@@ -278,6 +338,7 @@ static enum MHD_Result start_stream(conn_state *cs, struct MHD_Connection *conn,
     ss->srv = s;
     ss->r = r;
     ss->conn = conn;
+    mx_tool_parser_init(&ss->tp, r->tool_fmt);
     pthread_mutex_lock(&s->sc.mu);
     r->refs++;
     pthread_mutex_unlock(&s->sc.mu);
@@ -768,7 +829,8 @@ int mx_server_start(mx_engine *g, const mx_server_opts *o, mx_server **out, mx_e
     }
     s->o.model_id = id;
     pthread_mutex_init(&s->gv.mu, NULL);
-    s->ctx = (srv_ctx){.g = g, .o = &s->o, .model_id = id, .gv = &s->gv};
+    s->ctx = (srv_ctx){.g = g, .o = &s->o, .model_id = id, .gv = &s->gv,
+                       .tool_fmt = mx_tool_format_detect(g->tmpl ? mx_chat_template_text(g->tmpl) : NULL)};
     struct sockaddr_storage sa;
     int v6 = 0, rc = resolve(o->host ? o->host : "127.0.0.1", o->port, &sa, &v6, e);
     if (!rc)

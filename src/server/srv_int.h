@@ -10,6 +10,7 @@
 
 #include "gen/gen.h"
 #include "server/server.h"
+#include "toolcall/toolcall.h"
 
 #define SRV_MAX_STOPS 16
 #define SRV_MAX_STOP_LEN 512
@@ -70,6 +71,7 @@ typedef struct srv_req {
     mx_gen_opts gen;             /* choice k samples with seed gen.sample.seed + k */
     int32_t *bias_ids;           /* logit_bias (owned; gen.bias_* point here) */
     struct mx_grammar *grammar;  /* response_format / grammar / forced tool call (owned) */
+    mx_tool_format tool_fmt;     /* parse the output's tool calls in this format (NONE: don't) */
     float *bias_vals;
     char *stops[SRV_MAX_STOPS];
     char id[48];                 /* "chatcmpl-..." / "cmpl-..." */
@@ -187,6 +189,7 @@ typedef struct srv_ctx {
     const mx_server_opts *o;
     const char *model_id;
     srv_vocab *gv;
+    mx_tool_format tool_fmt;     /* the chat template's tool-call format */
 } srv_ctx;
 
 
@@ -214,6 +217,15 @@ void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep);
  * finish (or NULL); role_chunk for the first chat chunk of a choice. */
 char *srv_chunk_sse(const srv_ctx *c, const srv_req *r, int k, const char *text, size_t len,
                     const srv_lp *lp, int n_lp, const char *finish, int role_chunk);
+/* Tool calls completed in a stream: for each call[i] (the index-th of
+ * choice k, index = first + i), a chunk with its id, type and name, and one
+ * with its arguments (as OpenAI streams them: clients append the
+ * arguments' pieces).  Ids the model did not give are made here. */
+char *srv_tool_calls_sse(const srv_ctx *c, const srv_req *r, int k, const mx_tool_call *calls, int n,
+                         int first);
+/* A choice's finish_reason: "tool_calls" when it made calls and ended by
+ * itself, else its own. */
+const char *srv_finish_reason(const srv_req *r, const srv_choice *ch, int n_calls);
 /* The usage-only chunk (stream_options.include_usage). */
 char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen);
 /* An error event: {"error": {message, type, code}} (code may be NULL). */
