@@ -185,6 +185,43 @@ static void schemas(void)
     mx_grammar_free(g);
 }
 
+/* format "date" accepts exactly the real dates: every day of a few years
+ * (leap, common, century and 400-year) against the calendar rule. */
+static void dates(void)
+{
+    char err[600];
+    mx_grammar *g = schema_grammar("{\"type\": \"string\", \"format\": \"date\"}", err, sizeof err);
+    mx_grammar *t = schema_grammar("{\"type\": \"string\", \"format\": \"date-time\"}", err, sizeof err);
+    CHECKF(g && t, "%s", err);
+    if (!g || !t) {
+        mx_grammar_free(g);
+        mx_grammar_free(t);
+        return;
+    }
+    static const int years[] = {0, 4, 100, 1900, 1996, 2000, 2023, 2024, 2100, 2400, 9999};
+    static const int mdays[] = {0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int wrong = 0;
+    for (size_t i = 0; i < sizeof years / sizeof *years; i++) {
+        int y = years[i], leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+        for (int m = 0; m <= 13; m++)
+            for (int d = 0; d <= 32; d++) {
+                char s[32];
+                snprintf(s, sizeof s, "\"%04d-%02d-%02d\"", y, m, d);
+                int real = m >= 1 && m <= 12 && d >= 1 && d <= (m == 2 && leap ? 29 : mdays[m]);
+                if (full(g, s) != real) {
+                    wrong++;
+                    fprintf(stderr, "date %s: grammar %d, calendar %d\n", s, !real, real);
+                }
+            }
+    }
+    CHECK(wrong == 0);
+    CHECK(full(t, "\"2024-02-29T23:59:59.5+05:30\"") && full(t, "\"2023-12-31T00:00:00Z\""));
+    CHECK(!full(t, "\"2023-02-29T10:00:00Z\"") && !full(t, "\"2024-01-01T24:00:00Z\"") &&
+          !full(t, "\"2024-01-01T10:00:00+24:00\"") && !full(t, "\"2024-01-01T10:00:00+05:60\""));
+    mx_grammar_free(g);
+    mx_grammar_free(t);
+}
+
 /* ---- masks against brute force ---- */
 
 static const char *vocab[] = {
@@ -264,6 +301,7 @@ int main(void)
     parse_errors();
     matching();
     schemas();
+    dates();
     static const char *jp[] = {"", "{", "{\"", "{\"a", "{\"ab\"", "{\"ab\": ", "{\"ab\": [", "{\"ab\": [1",
                                "{\"ab\": \"\xc3", "{\"ab\": \"\xe2\x82", "{\"ab\": \"x\"", "{\"ab\": {}}"};
     mask_vs_brute(mx_grammar_json_object_gbnf(), jp, sizeof jp / sizeof *jp);

@@ -1,4 +1,5 @@
-/* test_toolcall.c - tool-call formats: detection from real templates,
+/* test_toolcall.c - tool-call formats: detection from real templates (and
+ * the named "tool_use" template of a tokenizer_config.json),
  * parsing model output into content and calls (all at once and byte by
  * byte, which must agree), and the forcing grammar: hand-written calls
  * accepted or refused, and random walks through the grammar over a small
@@ -8,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "chat/template.h"
 #include "grammar/grammar.h"
 #include "test.h"
 #include "toolcall/toolcall.h"
@@ -53,6 +56,46 @@ static void detection(void)
         CHECKF(t && mx_tool_format_detect(t) == cases[i].f, "%s", cases[i].rel);
         free(t);
     }
+}
+
+/* A tokenizer_config.json with a named list of templates: requests with
+ * tools render with "tool_use" (as transformers picks it), the others with
+ * "default"; the tool format is the tool_use template's. */
+static void named_templates(void)
+{
+    char dir[] = "/tmp/mx_toolcall_XXXXXX", path[64];
+    if (!mkdtemp(dir)) {
+        CHECK(!"mkdtemp");
+        return;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs("{\"chat_template\": [{\"name\": \"default\", \"template\": \"plain {{ messages[0].content }}\"},"
+              " {\"name\": \"tool_use\", \"template\": \"tools {{ tools | length }} <tool_call>\"}]}", f);
+        fclose(f);
+    }
+    mx_chat_template *t = NULL;
+    mx_err e = {0};
+    CHECK_OK(mx_chat_template_load(dir, &t, &e), &e);
+    if (t) {
+        cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"hi\"}]");
+        cJSON *tools = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]");
+        char *a = NULL, *b = NULL;
+        CHECK_OK(mx_chat_render_json(t, msgs, NULL, NULL, 0, &a, &e), &e);
+        CHECK_OK(mx_chat_render_json(t, msgs, tools, NULL, 0, &b, &e), &e);
+        CHECKF(a && !strcmp(a, "plain hi"), "%s", a ? a : "(null)");
+        CHECKF(b && !strcmp(b, "tools 1 <tool_call>"), "%s", b ? b : "(null)");
+        CHECK(mx_tool_format_detect(mx_chat_template_text(t)) == MX_TOOLS_NONE &&
+              mx_tool_format_detect(mx_chat_template_tool_text(t)) == MX_TOOLS_HERMES);
+        free(a);
+        free(b);
+        cJSON_Delete(msgs);
+        cJSON_Delete(tools);
+        mx_chat_template_free(t);
+    }
+    remove(path);
+    rmdir(dir);
 }
 
 /* ---- parsing ---- */
@@ -369,6 +412,7 @@ static void grammar(void)
 int main(void)
 {
     detection();
+    named_templates();
     parsing();
     grammar();
     return test_summary();

@@ -20,6 +20,7 @@ static const char FALLBACK[] =
 
 struct mx_chat_template {
     char *tmpl;
+    char *tool_tmpl;             /* the "tool_use" template of a named list, or NULL */
     char *bos, *eos;
     int fallback;
 };
@@ -122,11 +123,11 @@ static const char *token_string(const cJSON *v)
 }
 
 /* chat_template: a string, or a list of {name, template} ("default" wins,
- * else the first). */
-static const char *pick_template(const cJSON *ct)
+ * else the first; `name` picks another, e.g. "tool_use"). */
+static const char *pick_template(const cJSON *ct, const char *want)
 {
     if (cJSON_IsString(ct))
-        return ct->valuestring;
+        return want ? NULL : ct->valuestring;
     if (!cJSON_IsArray(ct))
         return NULL;
     const char *first = NULL;
@@ -137,12 +138,12 @@ static const char *pick_template(const cJSON *ct)
         const cJSON *tp = cJSON_GetObjectItemCaseSensitive(it, "template");
         if (!cJSON_IsString(tp))
             continue;
-        if (cJSON_IsString(name) && !strcmp(name->valuestring, "default"))
+        if (cJSON_IsString(name) && !strcmp(name->valuestring, want ? want : "default"))
             return tp->valuestring;
         if (!first)
             first = tp->valuestring;
     }
-    return first;
+    return want ? NULL : first;
 }
 
 static int file_exists(const char *p)
@@ -159,7 +160,7 @@ int mx_chat_template_load(const char *dir, mx_chat_template **out, mx_err *e)
     char *text = NULL, *side = NULL;
     size_t len = 0;
     cJSON *cfg = NULL;
-    const char *tmpl = NULL, *bos = NULL, *eos = NULL;
+    const char *tmpl = NULL, *tool_tmpl = NULL, *bos = NULL, *eos = NULL;
     if (file_exists(path)) {
         int rc = mx_read_file(path, &text, &len, e);
         if (rc)
@@ -170,7 +171,8 @@ int mx_chat_template_load(const char *dir, mx_chat_template **out, mx_err *e)
             free(text);
             return mx_fail(e, MX_EFORMAT, "%s: not a JSON object", path);
         }
-        tmpl = pick_template(cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"));
+        tmpl = pick_template(cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), NULL);
+        tool_tmpl = pick_template(cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), "tool_use");
         bos = token_string(cJSON_GetObjectItemCaseSensitive(cfg, "bos_token"));
         eos = token_string(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token"));
     }
@@ -184,10 +186,16 @@ int mx_chat_template_load(const char *dir, mx_chat_template **out, mx_err *e)
     }
     int fallback = !tmpl;
     int rc = mx_chat_template_from_string(tmpl ? tmpl : FALLBACK, bos, eos, out, e);
-    if (rc)
+    if (!rc && tool_tmpl && (rc = mx_jinja_check(tool_tmpl, e)) == 0 &&
+        !((*out)->tool_tmpl = strdup(tool_tmpl)))
+        rc = mx_fail(e, MX_ENOMEM, "chat template: out of memory");
+    if (rc) {
         mx_err_prefix(e, "%s", path);
-    else
+        mx_chat_template_free(*out);
+        *out = NULL;
+    } else {
         (*out)->fallback = fallback;
+    }
     cJSON_Delete(cfg);
     free(text);
     free(side);
@@ -199,6 +207,7 @@ void mx_chat_template_free(mx_chat_template *t)
     if (!t)
         return;
     free(t->tmpl);
+    free(t->tool_tmpl);
     free(t->bos);
     free(t->eos);
     free(t);
@@ -208,6 +217,7 @@ const char *mx_chat_template_eos(const mx_chat_template *t) { return t ? t->eos 
 const char *mx_chat_template_bos(const mx_chat_template *t) { return t ? t->bos : NULL; }
 int mx_chat_template_is_fallback(const mx_chat_template *t) { return t ? t->fallback : 0; }
 const char *mx_chat_template_text(const mx_chat_template *t) { return t ? t->tmpl : NULL; }
+const char *mx_chat_template_tool_text(const mx_chat_template *t) { return t ? t->tool_tmpl : NULL; }
 
 int mx_chat_render_json(const mx_chat_template *t, const struct cJSON *messages,
                         const struct cJSON *tools, const struct cJSON *extra,
@@ -239,7 +249,9 @@ int mx_chat_render_json(const mx_chat_template *t, const struct cJSON *messages,
             cJSON_AddItemToObject(ctx, it->string, cJSON_Duplicate(it, 1));
         }
     }
-    int rc = mx_jinja_render(t->tmpl, ctx, out, e);
+    /* as transformers does: a named "tool_use" template renders requests
+     * that have tools */
+    int rc = mx_jinja_render(tools && t->tool_tmpl ? t->tool_tmpl : t->tmpl, ctx, out, e);
     cJSON_Delete(ctx);
     return rc;
 }

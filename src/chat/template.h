@@ -26,7 +26,8 @@ typedef struct mx_chat_msg {
 typedef struct mx_chat_template mx_chat_template;
 
 /* Reads DIR/tokenizer_config.json (chat_template as string or as a list of
- * {name, template}: "default" is used; bos_token/eos_token as strings or
+ * {name, template}: "default" is used, and "tool_use", when the list has
+ * one, for renderings with tools; bos_token/eos_token as strings or
  * {"content": ...}).  A missing file or template gives the ChatML fallback. */
 int mx_chat_template_load(const char *dir, mx_chat_template **out, mx_err *e);
 /* A template from text (tests); bos/eos may be NULL. */
@@ -43,14 +44,18 @@ int mx_chat_render(const mx_chat_template *t, const mx_chat_msg *msgs, size_t n,
 
 /* Like mx_chat_render with the messages as a JSON array (so messages may
  * carry tool_calls, reasoning_content, ...), `tools` as a JSON array or NULL
- * (rendered as None, as transformers does), and `extra` an optional JSON
- * object of further template variables (e.g. {"enable_thinking": false}). */
+ * (rendered as None, as transformers does; not NULL selects the "tool_use"
+ * template when there is one), and `extra` an optional JSON object of
+ * further template variables (e.g. {"enable_thinking": false}). */
 int mx_chat_render_json(const mx_chat_template *t, const struct cJSON *messages,
                         const struct cJSON *tools, const struct cJSON *extra,
                         int add_generation_prompt, char **out, mx_err *e);
 
 /* The template text in use (the fallback's when is_fallback). */
 const char *mx_chat_template_text(const mx_chat_template *t);
+/* The "tool_use" template that renders requests with tools, or NULL when
+ * the checkpoint has none (then mx_chat_template_text renders them). */
+const char *mx_chat_template_tool_text(const mx_chat_template *t);
 
 /* Syntax check only. */
 int mx_jinja_check(const char *tmpl, mx_err *e);

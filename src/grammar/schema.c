@@ -146,9 +146,18 @@ static int string_rule(comp *c, const cJSON *s, int r)
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(s, "format");
     if (f) {
         const char *fmt = cJSON_IsString(f) ? f->valuestring : "";
-        const char *date = "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" ([0-2] [0-9] | \"3\" [01])";
+        /* RFC 3339 full-date: each month its own days, February 29 only
+         * in leap years (divisible by 4; of the centuries, those divisible
+         * by 400), so the output is always a real date */
+        const char *date =
+            "([0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
+            "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
+            "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
+            "([0-9] [0-9] (\"0\" [48] | [2468] [048] | [13579] [26]) | "
+            "(\"0\" [048] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\")";
+        /* RFC 3339 full-time: the offset's hours and minutes in range too */
         const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
-                           "(\"Z\" | [+-] [0-9]{2} \":\" [0-9]{2})";
+                           "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
         if (!strcmp(fmt, "date"))
             sb_add(&c->out, "r%d ::= \"\\\"\" %s \"\\\"\"\n", r, date);
         else if (!strcmp(fmt, "time"))

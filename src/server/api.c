@@ -1359,6 +1359,9 @@ void srv_props(const srv_ctx *c, srv_reply *rep)
     const char *t = mx_chat_template_text(c->g->tmpl);
     cJSON_AddStringToObject(o, "chat_template", t ? t : "");
     cJSON_AddBoolToObject(o, "chat_template_is_fallback", mx_chat_template_is_fallback(c->g->tmpl));
+    const char *tu = mx_chat_template_tool_text(c->g->tmpl);
+    if (tu)
+        cJSON_AddStringToObject(o, "chat_template_tool_use", tu);
     const char *tf = mx_tool_format_name(c->tool_fmt);
     if (tf)
         cJSON_AddStringToObject(o, "tool_call_format", tf);

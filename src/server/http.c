@@ -829,8 +829,10 @@ int mx_server_start(mx_engine *g, const mx_server_opts *o, mx_server **out, mx_e
     }
     s->o.model_id = id;
     pthread_mutex_init(&s->gv.mu, NULL);
+    /* the format of the template that renders requests with tools */
+    const char *tt = mx_chat_template_tool_text(g->tmpl);
     s->ctx = (srv_ctx){.g = g, .o = &s->o, .model_id = id, .gv = &s->gv,
-                       .tool_fmt = mx_tool_format_detect(g->tmpl ? mx_chat_template_text(g->tmpl) : NULL)};
+                       .tool_fmt = mx_tool_format_detect(tt ? tt : mx_chat_template_text(g->tmpl))};
     struct sockaddr_storage sa;
     int v6 = 0, rc = resolve(o->host ? o->host : "127.0.0.1", o->port, &sa, &v6, e);
     if (!rc)
