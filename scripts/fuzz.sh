@@ -85,12 +85,28 @@ cat > "$B/config.dict" <<'DICT'
 "true"
 DICT
 
+mkdir -p "$B/corpus/fuzz_toolcall"
+printf '%s' $'\x04Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, "}"]}}\n</tool_call>' \
+  > "$B/corpus/fuzz_toolcall/seed_hermes"
+printf '%s' $'\x07[TOOL_CALLS] [{"name": "f", "arguments": {}, "id": "abcDEF123"}]' \
+  > "$B/corpus/fuzz_toolcall/seed_mistral"
+cat > "$B/toolcall.dict" <<'DICT'
+"<tool_call>"
+"</tool_call>"
+"[TOOL_CALLS]"
+"\"name\""
+"\"arguments\""
+"\"parameters\""
+"\"id\""
+DICT
+
 rc=0
 for t in "${targets[@]}"; do
   dict=""
   case "$t" in
     fuzz_safetensors) dict="-dict=$B/safetensors.dict" ;;
     fuzz_config) dict="-dict=$B/config.dict" ;;
+    fuzz_toolcall) dict="-dict=$B/toolcall.dict" ;;
   esac
   mkdir -p "$B/corpus/$t"
   echo "fuzz: $t for ${secs}s" >&2

@@ -196,7 +196,7 @@ static const char *TOOLS =
     "    \"city\": {\"type\": \"string\", \"maxLength\": 6},"
     "    \"unit\": {\"enum\": [\"c\", \"f\"]}, \"days\": {\"type\": \"integer\"}},"
     "    \"required\": [\"city\", \"days\"], \"additionalProperties\": false}}},"
-    " {\"type\": \"function\", \"function\": {\"name\": \"ping\"}},"
+    " {\"type\": \"function\", \"function\": {\"name\": \"ping\", \"parameters\": null}},"
     " {\"type\": \"function\", \"function\": {\"name\": \"say \\\"hi\\\"\", \"parameters\": {"
     "    \"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}}, \"required\": [\"ok\"]}}}]";
 

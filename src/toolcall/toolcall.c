@@ -444,7 +444,7 @@ int mx_tool_grammar(mx_tool_format f, const cJSON *tools, const char *only, char
         if (only && strcmp(only, name->valuestring) != 0)
             continue;
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-        schemas[k] = params ? params : any_object;
+        schemas[k] = params && !cJSON_IsNull(params) ? params : any_object;
         /* compiled alone first, so that an error names the tool */
         char *one = NULL;
         if ((rc = mx_grammar_from_schema(schemas[k], &one, e))) {
