@@ -183,6 +183,7 @@ expect_err 400 invalid_value '{"messages": [{"role": "user", "content": "x"}], "
 expect_err 400 invalid_value '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}'
 expect_err 400 invalid_value '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval", "function": {"name": "f"}}]}'
 expect_err 400 invalid_type "$(req '{parallel_tool_calls: 1}')"
+expect_err 400 unsupported_value '{"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}'
 expect_err 400 invalid_value "$(req '{tool_choice: "required", response_format: {type: "json_object"}}')"
 check "forced call and response_format: says why" grep -q "only one of" "$T/body"
 PAT='[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}}}]'

@@ -620,6 +620,13 @@ static int parse_tools(const cJSON *o, tool_req *t, srv_reply *rep)
 {
     memset(t, 0, sizeof *t);
     const cJSON *tools = field(o, "tools"), *choice = field(o, "tool_choice"), *v;
+    /* the deprecated forms would need their own response shape: refused,
+     * not ignored */
+    if (field(o, "functions") || field(o, "function_call")) {
+        srv_error(rep, 400, "unsupported_value", "'functions' and 'function_call' (deprecated) are not "
+                                                 "supported: use 'tools' and 'tool_choice'");
+        return -1;
+    }
     if (tools && !cJSON_IsArray(tools)) {
         srv_error(rep, 400, "invalid_type", "'tools' must be a list");
         return -1;
