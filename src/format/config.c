@@ -434,6 +434,16 @@ int mx_config_parse(const char *json, const char *path, mx_config *c, mx_err *e)
     if (rc)
         return rc;
     rc = parse_fields(root, path, c, e);
+    /* Multimodal checkpoints (Qwen3-VL, Gemma 4) nest the language model's
+     * fields under text_config: they override the top level's, but the
+     * top-level model_type names the family. */
+    const cJSON *tc = get(root, "text_config");
+    if (!rc && cJSON_IsObject(tc)) {
+        char mt[sizeof c->model_type];
+        memcpy(mt, c->model_type, sizeof mt);
+        rc = parse_fields(tc, path, c, e);
+        memcpy(c->model_type, mt, sizeof mt);
+    }
     c->json = root;
     snprintf(c->path, sizeof c->path, "%s", path);
     if (rc) {
@@ -558,10 +568,28 @@ int mx_config_apply_aliases(mx_config *c, const mx_config_alias *aliases, mx_err
             return mx_fail(e, MX_EINVAL, "config alias for unknown key '%s'", a->key);
         if (*dst != MX_UNSET || !c->json)
             continue;
-        int rc = is_bool ? get_bool(c->json, a->alias, c->path, dst, e)
-                         : get_count(c->json, a->alias, c->path, dst, e);
+        const cJSON *src = c->json, *tc = get(c->json, "text_config");
+        if (cJSON_IsObject(tc) && get(tc, a->alias))
+            src = tc;
+        int rc = is_bool ? get_bool(src, a->alias, c->path, dst, e)
+                         : get_count(src, a->alias, c->path, dst, e);
         if (rc)
             return rc;
     }
     return MX_OK;
+}
+
+const cJSON *mx_config_key(const mx_config *c, const char *key)
+{
+    if (!c->json)
+        return NULL;
+    const cJSON *tc = get(c->json, "text_config");
+    const cJSON *v = cJSON_IsObject(tc) ? get(tc, key) : NULL;
+    return v ? v : get(c->json, key);
+}
+
+double mx_config_number(const mx_config *c, const char *key, double dflt)
+{
+    const cJSON *v = mx_config_key(c, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
 }

@@ -68,6 +68,13 @@ int mx_config_load(const char *dir, mx_config *c, mx_err *e);
 int mx_config_parse_generation(const char *json, const char *path, mx_config *c, mx_err *e);
 void mx_config_free(mx_config *c);
 
+/* The value of a key a family reads itself (its own routing or rope
+ * parameters), from text_config when the config nests one, else from the
+ * top level; NULL when absent. */
+const struct cJSON *mx_config_key(const mx_config *c, const char *key);
+/* A number key's value, or dflt when absent, null or not a number. */
+double mx_config_number(const mx_config *c, const char *key, double dflt);
+
 /* A config key that a family's config.json spells differently. */
 typedef struct mx_config_alias {
     const char *key, *alias;   /* e.g. {"num_experts", "num_local_experts"} */

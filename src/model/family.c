@@ -7,7 +7,8 @@
 #include "model/family.h"
 
 extern const mx_family mx_family_qwen2_moe, mx_family_qwen3_moe, mx_family_mixtral,
-    mx_family_olmoe;
+    mx_family_olmoe, mx_family_dots1, mx_family_phimoe, mx_family_qwen3_vl_moe,
+    mx_family_minimax;
 
 /* The table: one row per family. */
 static const mx_family *const table[] = {
@@ -15,6 +16,10 @@ static const mx_family *const table[] = {
     &mx_family_qwen3_moe,
     &mx_family_mixtral,
     &mx_family_olmoe,
+    &mx_family_dots1,
+    &mx_family_phimoe,
+    &mx_family_qwen3_vl_moe,
+    &mx_family_minimax,
 };
 #define N_FAMILIES (int)(sizeof table / sizeof table[0])
 

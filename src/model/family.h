@@ -24,6 +24,19 @@ typedef enum mx_qk_norm {
     MX_QK_NORM_FULL,   /* RMSNorm over the whole q / k projection, before the head split (OLMoE) */
 } mx_qk_norm;
 
+/* The normalisation of the residual stream. */
+typedef enum mx_norm_kind {
+    MX_NORM_RMS,       /* RMSNorm with a weight */
+    MX_NORM_LAYER,     /* LayerNorm with weight and bias (Phi-3.5-MoE) */
+} mx_norm_kind;
+
+/* Experts every token runs beside the routed ones. */
+typedef enum mx_shared_kind {
+    MX_SHARED_NONE,
+    MX_SHARED_GATED,   /* weighted by sigmoid(shared_gate x) (Qwen2-MoE) */
+    MX_SHARED_PLAIN,   /* weight 1; width moe_intermediate * n_shared_experts (dots1) */
+} mx_shared_kind;
+
 /* How a family names its tensors.  Each field is one path component (or a
  * printf template where noted); a NULL field takes the default in
  * parentheses, the names transformers' Llama-style models use. */
@@ -41,6 +54,7 @@ typedef struct mx_names {
     const char *mlp;               /* a dense layer's MLP ("mlp") */
     const char *moe;               /* an MoE layer's block ("mlp") */
     const char *router;            /* in the block ("gate") */
+    const char *router_bias;       /* the router's choice bias, in the block (none) */
     const char *stacked;           /* experts stacked [E, out, in] ("switch_mlp") */
     const char *stacked_proj[3];   /* its gate, up, down ("gate_proj", "up_proj", "down_proj") */
     const char *per_expert;        /* template with the expert index ("experts.%d") */
@@ -74,9 +88,10 @@ struct mx_family {
     const mx_config_alias *aliases;   /* NULL-terminated; may be NULL */
     mx_names names;
     /* variants the shared forward pass selects */
+    mx_norm_kind norm;
     mx_qk_norm qk_norm;
     mx_router_kind router;
-    int shared_expert;             /* may have a gated shared expert */
+    mx_shared_kind shared_expert;  /* may have a shared expert, of this kind */
     /* synth: presets (NULL-terminated by name) and the family's own
      * config.json keys */
     const mx_preset *presets;

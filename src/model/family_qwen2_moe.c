@@ -66,7 +66,7 @@ const mx_family mx_family_qwen2_moe = {
     .apply_defaults = defaults,
     .qk_norm = MX_QK_NORM_NONE,
     .router = MX_ROUTER_SOFTMAX_TOPK,
-    .shared_expert = 1,
+    .shared_expert = MX_SHARED_GATED,
     .presets = presets,
     .synth_config = synth_config,
 };

@@ -62,7 +62,7 @@ typedef struct pass {
     int64_t T;
     const int32_t *tokens;       /* [T] */
     token_slots ts;
-    const float *rope;           /* [T][head_dim] cos/sin pairs per token */
+    const float *rope[MX_MAX_ROPES];   /* per rope: [T][dims] cos/sin pairs per token */
     float *x, *xn;               /* [T, d] residual stream and its norm (T > 1) */
     float *q, *k, *v;            /* [T, q_dim], [T, kv_dim], [T, kv_dim] projections */
     float *qr;                   /* [T, q_dim] q heads as attention reads them */
@@ -172,7 +172,7 @@ static void stacked_rows(lane *ln, const pass *p, int n, const mx_linear *const 
 
 /* x += delta (when not NULL), xn = norm(x), and xn made the linears'
  * input.  Per token, so a thread's share needs no barrier before it. */
-static void residual_norm(pass *p, lane *ln, const float *delta, const float *norm, int gs)
+static void residual_norm(pass *p, lane *ln, const float *delta, const mx_norm *norm, int gs)
 {
     const mx_model *m = p->m;
     const int64_t d = m->d;
@@ -183,7 +183,7 @@ static void residual_norm(pass *p, lane *ln, const float *delta, const float *no
         if (delta)
             for (int64_t i = 0; i < d; i++)
                 x[i] += delta[t * d + i];
-        mx_rmsnorm(xn_at(p, ln, t), x, norm, d, m->eps);
+        mx_norm_apply(xn_at(p, ln, t), x, norm, d, m->eps);
     }
     input_ready(p, ln, p->T == 1 ? ln->xn : p->xn, d, gs, t0, t1);
 }
@@ -236,9 +236,9 @@ static void head_in(pass *p, lane *ln, int l, int64_t t, int is_k, int head, flo
 {
     const mx_model *m = p->m;
     const mx_attn *a = &m->layers[l].attn;
-    const int hd = m->head_dim;
+    const int hd = a->head_dim;
     const float c = (float)m->cfg.clip_qkv;
-    const float *src = is_k ? p->k + t * m->kv_dim + head * hd : p->q + t * m->q_dim + head * hd;
+    const float *src = is_k ? p->k + t * a->kv_dim + head * hd : p->q + t * a->q_dim + head * hd;
     const float *norm = is_k ? a->k_norm : a->q_norm;
     for (int i = 0; i < hd; i++)
         dst[i] = c > 0 ? fminf(fmaxf(src[i], -c), c) : src[i];
@@ -246,15 +246,16 @@ static void head_in(pass *p, lane *ln, int l, int64_t t, int is_k, int head, flo
         mx_rmsnorm(dst, dst, norm, hd, m->eps);
     } else if (m->fam->qk_norm == MX_QK_NORM_FULL) {
         if (ln->rfull_t != t) {   /* once per token and thread, not per head */
-            ln->rq = rms_inv_clipped(p->q + t * m->q_dim, m->q_dim, c, m->eps);
-            ln->rk = rms_inv_clipped(p->k + t * m->kv_dim, m->kv_dim, c, m->eps);
+            ln->rq = rms_inv_clipped(p->q + t * a->q_dim, a->q_dim, c, m->eps);
+            ln->rk = rms_inv_clipped(p->k + t * a->kv_dim, a->kv_dim, c, m->eps);
             ln->rfull_t = t;
         }
         const float r = is_k ? ln->rk : ln->rq;
         for (int i = 0; i < hd; i++)
             dst[i] = norm[head * hd + i] * (dst[i] * r);
     }
-    mx_rope(dst, hd, p->rope + t * hd);
+    const int dims = m->ropes[a->rope].dims;
+    mx_rope_apply(dst, dims, p->rope[a->rope] + t * dims);
 }
 
 /* p->out[T, d] = o_proj(attention) of the normed stream; k and v of the T
@@ -263,7 +264,7 @@ static void attention_block(pass *p, lane *ln, int l)
 {
     mx_model *m = p->m;
     const mx_attn *a = &m->layers[l].attn;
-    const int hd = m->head_dim, nh = m->n_heads, nkv = m->n_kv, group = nh / nkv;
+    const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv, group = nh / nkv;
     const int64_t T = p->T;
     int64_t r0, r1;
     /* A: q, k, v rows */
@@ -286,7 +287,7 @@ static void attention_block(pass *p, lane *ln, int l)
         const int pos = p->ts.pos[t];
         head_in(p, ln, l, t, 1, g, mx_kv_at(s, s->k, l, g, pos));
         float *vc = mx_kv_at(s, s->v, l, g, pos);
-        const float *vs = p->v + t * m->kv_dim + g * hd;
+        const float *vs = p->v + t * a->kv_dim + g * hd;
         for (int j = 0; j < hd; j++)
             vc[j] = c > 0 ? fminf(fmaxf(vs[j], -c), c) : vs[j];
     }
@@ -303,7 +304,7 @@ static void attention_block(pass *p, lane *ln, int l)
             mx_seq *s = p->ts.seq[0];
             const int pos = p->ts.pos[0], kvh = (int)h / group;
             mx_attend_head(p->qr + h * hd, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0),
-                           mx_attn_start(m, pos), pos, hd, scale, ln->scores, p->att + h * hd);
+                           mx_attn_start(a, pos), pos, hd, scale, ln->scores, p->att + h * hd);
         }
 #pragma omp barrier
     } else {
@@ -313,13 +314,13 @@ static void attention_block(pass *p, lane *ln, int l)
             const int h = (int)(i % nh), kvh = h / group, pos = p->ts.pos[t];
             mx_seq *s = p->ts.seq[t];
             mx_attend_head(p->qr + i * hd, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0),
-                           mx_attn_start(m, pos), pos, hd, scale, ln->scores, p->att + i * hd);
+                           mx_attn_start(a, pos), pos, hd, scale, ln->scores, p->att + i * hd);
         }
     }
     /* D: o rows */
     int64_t t0, t1;
     my_tokens(p, ln, &t0, &t1);
-    input_ready(p, ln, p->att, m->q_dim, gs_of(&a->o), t0, t1);
+    input_ready(p, ln, p->att, a->q_dim, gs_of(&a->o), t0, t1);
     my_rows(p, ln, a->o.rows, &r0, &r1);
     linear_rows(ln, p, &a->o, p->out, m->d, r0, r1);
 #pragma omp barrier
@@ -341,7 +342,7 @@ static void route_tokens(pass *p, lane *ln, const mx_moe_block *b, int l)
     if (p->T == 1) {
         linear_rows(ln, p, &b->router, ln->router, E, 0, b->router.rows);
         mx_moe_route(&b->rule, ln->router, E, &ln->route);
-        if (b->has_shared) {
+        if (b->shared_gated) {
             linear_rows(ln, p, &b->shared_gate, &ln->gate, 1, 0, 1);
             ln->gate = sigmoid(ln->gate);
         }
@@ -352,13 +353,13 @@ static void route_tokens(pass *p, lane *ln, const mx_moe_block *b, int l)
     const mx_linear *rl[2] = {&b->router, &b->shared_gate};
     float *const out[2] = {p->router, p->gate};
     int64_t r0, r1, t0, t1;
-    my_rows(p, ln, b->router.rows + (b->has_shared ? 1 : 0), &r0, &r1);
-    stacked_rows(ln, p, b->has_shared ? 2 : 1, rl, out, r0, r1);
+    my_rows(p, ln, b->router.rows + (b->shared_gated ? 1 : 0), &r0, &r1);
+    stacked_rows(ln, p, b->shared_gated ? 2 : 1, rl, out, r0, r1);
 #pragma omp barrier
     my_tokens(p, ln, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
         mx_moe_route(&b->rule, p->router + t * E, E, &p->routes[t]);
-        if (b->has_shared)
+        if (b->shared_gated)
             p->gate[t] = sigmoid(p->gate[t]);
         if (trace)
             memcpy(trace + t * E, p->router + t * E, sizeof(float) * (size_t)E);
@@ -380,7 +381,7 @@ static int ffn_block(pass *p, lane *ln, int l)
         job.routes = p->T == 1 ? &ln->route : p->routes;
         if (b->has_shared) {
             job.extra[job.n_extra] = &b->shared;
-            job.extra_w[job.n_extra++] = p->T == 1 ? &ln->gate : p->gate;
+            job.extra_w[job.n_extra++] = !b->shared_gated ? NULL : p->T == 1 ? &ln->gate : p->gate;
         }
     } else {
         job.extra[job.n_extra++] = &L->mlp;
@@ -431,7 +432,7 @@ static void logits_block(pass *p, lane *ln)
     my_tokens(p, ln, &t0, &t1);
     if (p->all_logits || (p->trace && p->trace->hidden)) {
         for (int64_t t = t0; t < t1; t++) {
-            mx_rmsnorm(xn_at(p, ln, t), x_at(p, ln, t), m->final_norm, d, m->eps);
+            mx_norm_apply(xn_at(p, ln, t), x_at(p, ln, t), &m->final_norm, d, m->eps);
             if (p->trace && p->trace->hidden && (T > 1 || ln->ith == 0))
                 memcpy(p->trace->hidden + ((size_t)m->n_layers * (size_t)T + (size_t)t) * (size_t)d,
                        xn_at(p, ln, t), sizeof(float) * (size_t)d);
@@ -448,7 +449,7 @@ static void logits_block(pass *p, lane *ln)
 #pragma omp barrier
         }
         const float *x = T == 1 ? ln->x : p->x + (T - 1) * d;
-        mx_rmsnorm(ln->xn, x, m->final_norm, d, m->eps);
+        mx_norm_apply(ln->xn, x, &m->final_norm, d, m->eps);
         mx_vec_init(&ln->vec, ln->xn, d, ln->vec_buf);
         long a, b;
         mx_split((long)m->vocab, ln->ith, ln->nth, &a, &b);
@@ -469,9 +470,9 @@ static void forward_pass(pass *p, lane *ln)
     int rc = MX_OK;
     for (int l = 0; l < m->n_layers && !rc; l++) {
         const mx_layer *L = &m->layers[l];
-        residual_norm(p, ln, NULL, L->attn_norm, gs_of(&L->attn.q));
+        residual_norm(p, ln, NULL, &L->attn_norm, gs_of(&L->attn.q));
         attention_block(p, ln, l);
-        residual_norm(p, ln, p->out, L->ffn_norm, ffn_gs(L));
+        residual_norm(p, ln, p->out, &L->ffn_norm, ffn_gs(L));
         rc = ffn_block(p, ln, l);
         if (!rc)
             residual_add(p, ln, l);
@@ -525,7 +526,13 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
 {
     const mx_model *m = p->m;
     const int64_t T = p->T, d = m->d, E = m->n_experts > 0 ? m->n_experts : 1;
-    const int64_t wide = m->q_dim > d ? m->q_dim : d;
+    int64_t qd = 1, kvd = 1;   /* the widest q and k/v projections of any layer */
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_attn *at = &m->layers[l].attn;
+        qd = at->q_dim > qd ? at->q_dim : qd;
+        kvd = at->kv_dim > kvd ? at->kv_dim : kvd;
+    }
+    const int64_t wide = qd > d ? qd : d;
     size_t total = 0, batch = 0;
     for (int gs = 32; T > 1 && gs <= 128; gs *= 2) {
         size_t b = mx_batch_bytes(T, wide, gs);
@@ -538,11 +545,11 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
     const size_t f = sizeof(float);
     p->x = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
     p->xn = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
-    p->q = carve(a, &total, (size_t)(T * m->q_dim) * f);
-    p->k = carve(a, &total, (size_t)(T * m->kv_dim) * f);
-    p->v = carve(a, &total, (size_t)(T * m->kv_dim) * f);
-    p->qr = carve(a, &total, (size_t)(T * m->q_dim) * f);
-    p->att = carve(a, &total, (size_t)(T * m->q_dim) * f);
+    p->q = carve(a, &total, (size_t)(T * qd) * f);
+    p->k = carve(a, &total, (size_t)(T * kvd) * f);
+    p->v = carve(a, &total, (size_t)(T * kvd) * f);
+    p->qr = carve(a, &total, (size_t)(T * qd) * f);
+    p->att = carve(a, &total, (size_t)(T * qd) * f);
     p->out = carve(a, &total, (size_t)(T * d) * f);
     p->router = carve(a, &total, (size_t)(T * E) * f);
     p->gate = carve(a, &total, (size_t)T * f);
@@ -575,17 +582,30 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
     const int nth = mx_threads();
     pass p = {.m = m, .T = T, .tokens = tokens, .ts = *ts, .logits = logits,
               .all_logits = all_logits, .trace = trace, .e = e};
-    const size_t rope_bytes = sizeof(float) * (size_t)(T * m->head_dim);
-    const size_t need = layout(&p, NULL, nth, NULL) + mx_align64(rope_bytes);
+    size_t rope_bytes[MX_MAX_ROPES], need = layout(&p, NULL, nth, NULL);
+    for (int r = 0; r < m->n_ropes; r++) {
+        rope_bytes[r] = sizeof(float) * (size_t)(T * m->ropes[r].dims);
+        need += mx_align64(rope_bytes[r]);
+    }
     if (mx_arena_reserve(&m->arena, need))
         return mx_fail(e, MX_ENOMEM, "forward: out of memory for %lld tokens (%zu bytes of scratch)",
                        (long long)T, need);
     lane *lanes;
     layout(&p, &lanes, nth, &m->arena);
-    float *rope = mx_arena_take(&m->arena, rope_bytes);
+    /* each rope's cos/sin per token; LongRoPE switches to its long factors
+     * for a call whose last position is past the original context, as
+     * transformers does per forward call */
+    int last = 0;
     for (int64_t t = 0; t < T; t++)
-        mx_rope_table(rope + t * m->head_dim, m->head_dim, ts->pos[t], m->rope_inv_freq);
-    p.rope = rope;
+        last = ts->pos[t] > last ? ts->pos[t] : last;
+    for (int r = 0; r < m->n_ropes; r++) {
+        const mx_rope *ro = &m->ropes[r];
+        float *cs = mx_arena_take(&m->arena, rope_bytes[r]);
+        const int longf = ro->inv_freq_long && last + 1 > ro->orig_max;
+        for (int64_t t = 0; t < T; t++)
+            mx_rope_table(cs + t * ro->dims, ro, ts->pos[t], longf);
+        p.rope[r] = cs;
+    }
 #pragma omp parallel num_threads(nth)
     {
         /* the team may be smaller than asked (a region inside another) */

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "model/family.h"
 #include "model/model.h"
 
@@ -219,12 +221,109 @@ static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex
     return MX_OK;
 }
 
+/* Whether layer l has routed experts: not in mlp_only_layers, past the
+ * first_k_dense_replace dense layers (DeepSeek-style), on the
+ * decoder_sparse_step grid. */
 static int layer_is_moe(const mx_config *c, int l)
 {
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         if (c->mlp_only_layers[i] == l)
             return 0;
+    if (l < (int)mx_config_number(c, "first_k_dense_replace", 0))
+        return 0;
     return c->num_experts > 0 && c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
+}
+
+/* A norm `{prefix}.weight` (and, for LayerNorm families, `.bias`). */
+static int load_norm(mx_model *m, const char *prefix, mx_norm *out, mx_err *e)
+{
+    char n[NAME_MAX_LEN];
+    float *w, *b = NULL;
+    tname(n, "%s.weight", prefix);
+    int rc = load_vector(m, n, m->d, 0, &w, e);
+    if (!rc && m->fam->norm == MX_NORM_LAYER) {
+        tname(n, "%s.bias", prefix);
+        rc = load_vector(m, n, m->d, 0, &b, e);
+    }
+    out->w = w;
+    out->b = b;
+    return rc;
+}
+
+/* The sliding window of layer l: with a layer_types list, only its
+ * "sliding_attention" layers; else every layer when the config enables
+ * one (use_sliding_window unset or true). */
+static int layer_window(const mx_config *c, int l)
+{
+    if (c->sliding_window <= 0)
+        return 0;
+    const cJSON *types = mx_config_key(c, "layer_types");
+    if (cJSON_IsArray(types)) {
+        const cJSON *t = cJSON_GetArrayItem(types, l);
+        return cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention") ? c->sliding_window : 0;
+    }
+    return c->use_sliding_window != 0 ? c->sliding_window : 0;
+}
+
+static int load_attention(mx_model *m, const char *p, int l, mx_attn *a, mx_err *e)
+{
+    const mx_names *nm = &m->fam->names;
+    char n[NAME_MAX_LEN];
+    int rc;
+    a->n_heads = m->n_heads;
+    a->n_kv = m->n_kv;
+    a->head_dim = m->head_dim;
+    a->q_dim = a->n_heads * a->head_dim;
+    a->kv_dim = a->n_kv * a->head_dim;
+    a->rope = 0;
+    a->window = layer_window(&m->cfg, l);
+    mx_linear *proj[4] = {&a->q, &a->k, &a->v, &a->o};
+    const int64_t rows[4] = {a->q_dim, a->kv_dim, a->kv_dim, m->d};
+    const int64_t cols[4] = {m->d, m->d, m->d, a->q_dim};
+    for (int i = 0; i < 4; i++) {
+        tname(n, "%s.%s.%s", p, nm->attn, nm->attn_proj[i]);
+        if ((rc = load_linear(m, n, rows[i], cols[i], proj[i], e)))
+            return rc;
+    }
+    if (m->fam->qk_norm != MX_QK_NORM_NONE) {
+        int full = m->fam->qk_norm == MX_QK_NORM_FULL;
+        tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[0]);
+        if ((rc = load_vector(m, n, full ? a->q_dim : a->head_dim, 0, &a->q_norm, e)))
+            return rc;
+        tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[1]);
+        if ((rc = load_vector(m, n, full ? a->kv_dim : a->head_dim, 0, &a->k_norm, e)))
+            return rc;
+    }
+    return MX_OK;
+}
+
+/* The routing rule of a MoE block: the family's kind with the config's
+ * parameters, and the choice bias tensor when the family names one. */
+static int load_router_rule(mx_model *m, const char *blk, mx_router *r, mx_err *e)
+{
+    const mx_config *c = &m->cfg;
+    *r = (mx_router){.kind = m->fam->router, .k = m->top_k, .norm_topk = m->norm_topk};
+    r->n_group = (int)mx_config_number(c, "n_group", 1);
+    r->topk_group = (int)mx_config_number(c, "topk_group", r->n_group);
+    r->scale = (float)mx_config_number(c, "routed_scaling_factor", 1.0);
+    r->jitter = (float)mx_config_number(c, "router_jitter_noise", 0.01);
+    if (r->n_group < 1 || r->topk_group < 1 || r->topk_group > r->n_group ||
+        (r->n_group > 1 && m->n_experts % r->n_group != 0) || r->n_group > 256)
+        return mx_fail(e, MX_ECONFIG, "%s/config.json: n_group %d / topk_group %d do not divide %d experts",
+                       m->dir, r->n_group, r->topk_group, m->n_experts);
+    if (r->kind == MX_ROUTER_SPARSEMIXER && m->top_k != 2)
+        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: sparsemixer routing takes 2 experts, not %d",
+                       m->dir, m->top_k);
+    if (m->fam->names.router_bias) {
+        char n[NAME_MAX_LEN];
+        float *bias;
+        tname(n, "%s.%s", blk, m->fam->names.router_bias);
+        int rc = load_vector(m, n, m->n_experts, 0, &bias, e);
+        if (rc)
+            return rc;
+        r->bias = bias;
+    }
+    return MX_OK;
 }
 
 static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
@@ -234,31 +333,14 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
     int rc;
     snprintf(layer, sizeof layer, nm->layer, l);
     tname(p, "%s.%s", nm->model, layer);
-    tname(n, "%s.%s.weight", p, nm->attn_norm);
-    if ((rc = load_vector(m, n, m->d, 0, &L->attn_norm, e)))
+    tname(n, "%s.%s", p, nm->attn_norm);
+    if ((rc = load_norm(m, n, &L->attn_norm, e)))
         return rc;
-    tname(n, "%s.%s.weight", p, nm->ffn_norm);
-    if ((rc = load_vector(m, n, m->d, 0, &L->ffn_norm, e)))
+    tname(n, "%s.%s", p, nm->ffn_norm);
+    if ((rc = load_norm(m, n, &L->ffn_norm, e)))
         return rc;
-
-    mx_attn *a = &L->attn;
-    mx_linear *proj[4] = {&a->q, &a->k, &a->v, &a->o};
-    const int64_t rows[4] = {m->q_dim, m->kv_dim, m->kv_dim, m->d};
-    const int64_t cols[4] = {m->d, m->d, m->d, m->q_dim};
-    for (int i = 0; i < 4; i++) {
-        tname(n, "%s.%s.%s", p, nm->attn, nm->attn_proj[i]);
-        if ((rc = load_linear(m, n, rows[i], cols[i], proj[i], e)))
-            return rc;
-    }
-    if (m->fam->qk_norm != MX_QK_NORM_NONE) {
-        int full = m->fam->qk_norm == MX_QK_NORM_FULL;
-        tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[0]);
-        if ((rc = load_vector(m, n, full ? m->q_dim : m->head_dim, 0, &a->q_norm, e)))
-            return rc;
-        tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[1]);
-        if ((rc = load_vector(m, n, full ? m->kv_dim : m->head_dim, 0, &a->k_norm, e)))
-            return rc;
-    }
+    if ((rc = load_attention(m, p, l, &L->attn, e)))
+        return rc;
 
     L->is_moe = layer_is_moe(&m->cfg, l);
     if (!L->is_moe) {
@@ -271,17 +353,105 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
     tname(n, "%s.%s", blk, nm->router);
     if ((rc = load_linear(m, n, m->n_experts, m->d, &b->router, e)))
         return rc;
-    b->rule = (mx_router){.kind = m->fam->router, .k = m->top_k, .norm_topk = m->norm_topk};
+    if ((rc = load_router_rule(m, blk, &b->rule, e)))
+        return rc;
     if ((rc = load_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts, e)))
         return rc;
-    if (m->fam->shared_expert && m->cfg.shared_expert_intermediate_size > 0) {
+    int64_t shared_ff = 0;
+    if (m->fam->shared_expert == MX_SHARED_GATED)
+        shared_ff = m->cfg.shared_expert_intermediate_size;
+    else if (m->fam->shared_expert == MX_SHARED_PLAIN)
+        shared_ff = (int64_t)m->cfg.moe_intermediate_size *
+                    (int64_t)mx_config_number(&m->cfg, "n_shared_experts", 0);
+    if (shared_ff > 0) {
         b->has_shared = 1;
         tname(n, "%s.%s", blk, nm->shared);
-        if ((rc = load_mlp(m, n, m->cfg.shared_expert_intermediate_size, &b->shared, e)))
+        if ((rc = load_mlp(m, n, shared_ff, &b->shared, e)))
             return rc;
-        tname(n, "%s.%s", blk, nm->shared_gate);
-        if ((rc = load_linear(m, n, 1, m->d, &b->shared_gate, e)))
-            return rc;
+        if (m->fam->shared_expert == MX_SHARED_GATED) {
+            b->shared_gated = 1;
+            tname(n, "%s.%s", blk, nm->shared_gate);
+            if ((rc = load_linear(m, n, 1, m->d, &b->shared_gate, e)))
+                return rc;
+        }
+    }
+    return MX_OK;
+}
+
+/* A JSON array of exactly n numbers into out. */
+static int read_factors(const cJSON *a, int n, float *out)
+{
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+        return -1;
+    int i = 0;
+    for (const cJSON *v = a->child; v; v = v->next, i++) {
+        if (!cJSON_IsNumber(v))
+            return -1;
+        out[i] = (float)v->valuedouble;
+    }
+    return 0;
+}
+
+/* Rope 0 from the config: the rotated share of each head (partial
+ * rotary), its frequencies computed in float as transformers does, and
+ * LongRoPE's short and long factors and scales. */
+static int setup_rope(mx_model *m, mx_err *e)
+{
+    const mx_config *c = &m->cfg;
+    const cJSON *rp = mx_config_key(c, "rope_parameters");
+    if (!cJSON_IsObject(rp))
+        rp = mx_config_key(c, "rope_scaling");
+    if (!cJSON_IsObject(rp))
+        rp = NULL;
+    const cJSON *prf = rp ? cJSON_GetObjectItemCaseSensitive(rp, "partial_rotary_factor") : NULL;
+    double partial = cJSON_IsNumber(prf) ? prf->valuedouble
+                                         : mx_config_number(c, "partial_rotary_factor", -1.0);
+    int dims = m->head_dim;
+    if (partial > 0 && partial <= 1)
+        dims = (int)(m->head_dim * partial);
+    else if (mx_config_number(c, "rotary_dim", 0) > 0)
+        dims = (int)mx_config_number(c, "rotary_dim", 0);
+    if (dims < 2 || dims > m->head_dim || dims % 2)
+        return mx_fail(e, MX_ECONFIG, "%s/config.json: rotary dimensions %d do not fit head_dim %d",
+                       m->dir, dims, m->head_dim);
+    mx_rope *r = &m->ropes[0];
+    m->n_ropes = 1;
+    r->dims = dims;
+    r->mscale = 1.0f;
+    r->inv_freq = own(m, malloc(sizeof(float) * (size_t)(dims / 2)));
+    if (!r->inv_freq)
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    const int longrope = !strcmp(c->rope_type, "longrope");
+    float *sf = NULL;
+    if (longrope) {
+        r->inv_freq_long = own(m, malloc(sizeof(float) * (size_t)(dims / 2)));
+        sf = own(m, malloc(sizeof(float) * (size_t)dims));
+        if (!r->inv_freq_long || !sf)
+            return mx_fail(e, MX_ENOMEM, "out of memory");
+        if (!rp || read_factors(cJSON_GetObjectItemCaseSensitive(rp, "short_factor"), dims / 2, sf) ||
+            read_factors(cJSON_GetObjectItemCaseSensitive(rp, "long_factor"), dims / 2, sf + dims / 2))
+            return mx_fail(e, MX_ECONFIG, "%s/config.json: longrope needs short_factor and long_factor "
+                                          "of %d numbers each", m->dir, dims / 2);
+        const cJSON *om = cJSON_GetObjectItemCaseSensitive(rp, "original_max_position_embeddings");
+        r->orig_max = cJSON_IsNumber(om) ? (int)om->valuedouble
+                                         : (int)mx_config_number(c, "original_max_position_embeddings", 0);
+        if (r->orig_max <= 0)
+            return mx_fail(e, MX_ECONFIG, "%s/config.json: longrope needs original_max_position_embeddings",
+                           m->dir);
+        /* the scales the config gives, else transformers' default
+         * sqrt(1 + ln(factor) / ln(original max)) */
+        const double factor = (double)c->max_position_embeddings / r->orig_max;
+        const double dflt = factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log((double)r->orig_max));
+        const cJSON *ss = cJSON_GetObjectItemCaseSensitive(rp, "short_mscale");
+        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(rp, "long_mscale");
+        r->mscale = (float)(cJSON_IsNumber(ss) ? ss->valuedouble : dflt);
+        r->mscale_long = (float)(cJSON_IsNumber(ls) ? ls->valuedouble : dflt);
+    }
+    for (int i = 0; i < dims / 2; i++) {
+        const float base = powf((float)c->rope_theta, (float)(2 * i) / (float)dims);
+        r->inv_freq[i] = 1.0f / (longrope ? sf[i] * base : base);
+        if (longrope)
+            r->inv_freq_long[i] = 1.0f / (sf[dims / 2 + i] * base);
     }
     return MX_OK;
 }
@@ -306,8 +476,8 @@ static int resolve_config(mx_model *m, mx_err *e)
     if (c->hidden_act[0] && strcmp(c->hidden_act, "silu"))
         return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: hidden_act '%s' is not supported (only silu)",
                        m->dir, c->hidden_act);
-    if (c->rope_type[0] && strcmp(c->rope_type, "default"))
-        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: rope_type '%s' is not supported (only default)",
+    if (c->rope_type[0] && strcmp(c->rope_type, "default") && strcmp(c->rope_type, "longrope"))
+        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: rope_type '%s' is not supported (default, longrope)",
                        m->dir, c->rope_type);
 #define NEED(cond, field)                                                                        \
     if (!(cond))                                                                                 \
@@ -356,16 +526,13 @@ int mx_model_load(const char *dir, mx_model **out, mx_err *e)
     if (rc)
         goto fail;
 
-    /* RoPE inverse frequencies, computed in float as transformers does. */
-    m->rope_inv_freq = own(m, malloc(sizeof(float) * (size_t)(m->head_dim / 2)));
     m->layers = own(m, calloc((size_t)m->n_layers, sizeof *m->layers));
-    if (!m->rope_inv_freq || !m->layers) {
+    if (!m->layers) {
         rc = mx_fail(e, MX_ENOMEM, "out of memory");
         goto fail;
     }
-    for (int i = 0; i < m->head_dim / 2; i++)
-        m->rope_inv_freq[i] =
-            1.0f / powf((float)m->cfg.rope_theta, (float)(2 * i) / (float)m->head_dim);
+    if ((rc = setup_rope(m, e)))
+        goto fail;
 
     const mx_names *nm = &m->fam->names;
     char n[NAME_MAX_LEN];
@@ -375,8 +542,8 @@ int mx_model_load(const char *dir, mx_model **out, mx_err *e)
     for (int l = 0; l < m->n_layers; l++)
         if ((rc = load_layer(m, l, &m->layers[l], e)))
             goto fail;
-    tname(n, "%s.%s.weight", nm->model, nm->final_norm);
-    if ((rc = load_vector(m, n, m->d, 0, &m->final_norm, e)))
+    tname(n, "%s.%s", nm->model, nm->final_norm);
+    if ((rc = load_norm(m, n, &m->final_norm, e)))
         goto fail;
     tname(n, "%s.weight", nm->lm_head);
     m->tied = m->cfg.tie_word_embeddings == 1 && !mx_st_find(m->st, n);

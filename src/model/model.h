@@ -18,15 +18,41 @@
 
 #include "format/config.h"
 #include "format/safetensors.h"
+#include "model/family.h"
 #include "moe/moe.h"
 #include "quant/quant.h"
 #include "util/scratch.h"
 
-typedef struct mx_family mx_family;
+/* A normalisation of the residual stream: RMSNorm (b NULL) or, for
+ * families whose table says so, LayerNorm with a bias.  [d] each, f32. */
+typedef struct mx_norm {
+    const float *w, *b;
+} mx_norm;
 
+/* Rotary embedding as a layer applies it: the first `dims` values of each
+ * head (all of them, or a partial rotary factor's share) rotated in
+ * rotate-half pairs (i, i + dims/2) by position * inv_freq[i], with cos and
+ * sin scaled by mscale.  LongRoPE (Phi-3.5) has a second set of
+ * frequencies and scale for calls reaching past orig_max positions. */
+typedef struct mx_rope {
+    int dims;
+    float *inv_freq;             /* [dims/2] */
+    float mscale;
+    float *inv_freq_long;        /* [dims/2] LongRoPE's long factors, else NULL */
+    float mscale_long;
+    int orig_max;
+} mx_rope;
+
+#define MX_MAX_ROPES 2
+
+/* One layer's attention and its geometry (the same in every layer for most
+ * families). */
 typedef struct mx_attn {
     mx_linear q, k, v, o;        /* q [nh*hd, d], k/v [nkv*hd, d], o [d, nh*hd] */
     float *q_norm, *k_norm;      /* [hd] per-head or [nh*hd]/[nkv*hd] full width; NULL if none */
+    int n_heads, n_kv, head_dim, q_dim, kv_dim;
+    int rope;                    /* index into the model's ropes */
+    int window;                  /* attends to the last `window` positions (0: all) */
 } mx_attn;
 
 typedef struct mx_moe_block {
@@ -34,12 +60,13 @@ typedef struct mx_moe_block {
     mx_router rule;              /* how its logits become a route */
     mx_experts experts;
     int has_shared;
-    mx_mlp shared;               /* a shared expert (Qwen2-MoE) */
-    mx_linear shared_gate;       /* [1, d]: its weight is sigmoid(shared_gate x) */
+    mx_mlp shared;               /* shared experts every token runs */
+    int shared_gated;            /* 1: weighted by sigmoid(shared_gate x) (Qwen2-MoE); 0: by 1 */
+    mx_linear shared_gate;       /* [1, d] when gated */
 } mx_moe_block;
 
 typedef struct mx_layer {
-    float *attn_norm, *ffn_norm; /* [d] */
+    mx_norm attn_norm, ffn_norm;
     mx_attn attn;
     int is_moe;
     mx_mlp mlp;                  /* when !is_moe */
@@ -51,14 +78,16 @@ typedef struct mx_model {
     const mx_family *fam;
     char *dir;
     mx_st_set *st;               /* the mmap'ed weights */
-    /* dimensions, derived once */
+    /* dimensions, derived once (a layer's own attention geometry is in
+     * its mx_attn; these are the config's) */
     int d, n_layers, n_heads, n_kv, head_dim, vocab, q_dim, kv_dim;
     int n_experts, top_k, norm_topk;
     float eps;
-    float *rope_inv_freq;        /* [head_dim/2] */
+    mx_rope ropes[MX_MAX_ROPES];
+    int n_ropes;
     mx_linear embed;             /* [vocab, d] */
     mx_layer *layers;            /* [n_layers] */
-    float *final_norm;           /* [d] */
+    mx_norm final_norm;
     mx_linear lm_head;           /* [vocab, d]; a copy of embed when tied */
     int tied;
     /* allocations to free */
@@ -87,7 +116,8 @@ uint64_t mx_model_kv_bytes(const mx_model *m, int n_ctx);
 typedef struct mx_seq {
     const mx_model *m;
     int n_ctx, pos;
-    float *k, *v;                /* [layers][n_kv][n_ctx][head_dim] */
+    float *k, *v;                /* per layer l, at kv_off[l]: [n_kv][n_ctx][head_dim] of that layer */
+    size_t *kv_off;              /* [n_layers] offsets into k and v, in floats */
 } mx_seq;
 
 int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e);

@@ -3,9 +3,9 @@
  * row.  Internal to src/model.
  *
  * Numerics follow transformers in float32: RMSNorm with the mean of squares
- * (accumulated in double here, which only rounds closer), rotate-half RoPE
- * with float inverse frequencies, softmax attention scaled by
- * head_dim^-0.5. */
+ * and LayerNorm with mean and variance (accumulated in double here, which
+ * only rounds closer), rotate-half RoPE with float inverse frequencies,
+ * softmax attention scaled by head_dim^-0.5. */
 #ifndef MX_MODEL_OPS_H
 #define MX_MODEL_OPS_H
 
@@ -32,21 +32,50 @@ static inline void mx_rmsnorm(float *out, const float *x, const float *w, int64_
         out[i] = w[i] * (x[i] * r);
 }
 
-/* cos and sin of position pos times each inverse frequency, in float as
- * transformers computes them: cs[2i], cs[2i+1] for i < hd/2. */
-static inline void mx_rope_table(float *cs, int hd, int pos, const float *inv_freq)
+/* LayerNorm (Phi-3.5-MoE): out = w * (x - mean) / sqrt(var + eps) + b,
+ * the biased variance as torch computes it (statistics in double). */
+static inline void mx_layernorm(float *out, const float *x, const float *w, const float *b,
+                                int64_t n, float eps)
 {
-    for (int i = 0; i < hd / 2; i++) {
-        float f = (float)pos * inv_freq[i];
-        cs[2 * i] = cosf(f);
-        cs[2 * i + 1] = sinf(f);
+    double sum = 0.0, ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i];
+    const float mean = (float)(sum / (double)n);
+    for (int64_t i = 0; i < n; i++)
+        ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+    const float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = w[i] * ((x[i] - mean) * r) + b[i];
+}
+
+/* The family's norm of the residual stream (out may be x). */
+static inline void mx_norm_apply(float *out, const float *x, const mx_norm *nm, int64_t n, float eps)
+{
+    if (nm->b)
+        mx_layernorm(out, x, nm->w, nm->b, n, eps);
+    else
+        mx_rmsnorm(out, x, nm->w, n, eps);
+}
+
+/* cos and sin of position pos times each inverse frequency of the rope,
+ * scaled by its mscale, in float as transformers computes them:
+ * cs[2i], cs[2i+1] for i < dims/2.  longf picks LongRoPE's long set. */
+static inline void mx_rope_table(float *cs, const mx_rope *r, int pos, int longf)
+{
+    const float *f = longf && r->inv_freq_long ? r->inv_freq_long : r->inv_freq;
+    const float sc = longf && r->inv_freq_long ? r->mscale_long : r->mscale;
+    for (int i = 0; i < r->dims / 2; i++) {
+        float a = (float)pos * f[i];
+        cs[2 * i] = cosf(a) * sc;
+        cs[2 * i + 1] = sinf(a) * sc;
     }
 }
 
-/* Rotate-half RoPE on one head vector with a rope table. */
-static inline void mx_rope(float *v, int hd, const float *cs)
+/* Rotate-half RoPE on the first `dims` values of one head vector (the rest,
+ * under a partial rotary factor, pass through). */
+static inline void mx_rope_apply(float *v, int dims, const float *cs)
 {
-    const int half = hd / 2;
+    const int half = dims / 2;
     for (int i = 0; i < half; i++) {
         float c = cs[2 * i], s = cs[2 * i + 1];
         float a = v[i], b = v[i + half];
@@ -55,12 +84,12 @@ static inline void mx_rope(float *v, int hd, const float *cs)
     }
 }
 
-/* Row `pos` of kv head `kvh` of layer `layer` in a cache laid out
- * [layers][n_kv][n_ctx][head_dim]. */
+/* Row `pos` of kv head `kvh` of layer `layer`: each layer's cache is laid
+ * out [n_kv][n_ctx][head_dim] of its own geometry, at s->kv_off[layer]. */
 static inline float *mx_kv_at(const mx_seq *s, float *base, int layer, int kvh, int pos)
 {
-    const mx_model *m = s->m;
-    return base + (((size_t)layer * m->n_kv + kvh) * (size_t)s->n_ctx + (size_t)pos) * m->head_dim;
+    const mx_attn *a = &s->m->layers[layer].attn;
+    return base + s->kv_off[layer] + ((size_t)kvh * (size_t)s->n_ctx + (size_t)pos) * (size_t)a->head_dim;
 }
 
 /* out[hd] = softmax(scale * q . K[j]) weighted sum of V[j] over positions
@@ -73,12 +102,10 @@ void mx_attend_head(const float *q, const float *K, const float *V, int start, i
  * the normal range, 0 below it; for tests. */
 float mx_expf_neg(float x);
 
-/* First position a token at pos attends to (sliding-window models). */
-static inline int mx_attn_start(const mx_model *m, int pos)
+/* First position a token at pos attends to (sliding-window layers). */
+static inline int mx_attn_start(const mx_attn *a, int pos)
 {
-    const int window = m->cfg.sliding_window > 0 && m->cfg.use_sliding_window != 0
-                           ? m->cfg.sliding_window : 0;
-    return window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    return a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
 }
 
 /* Row `id` of the embedding table as f32. */

@@ -4,6 +4,13 @@
 
 #include "model/model.h"
 
+/* Floats of layer l's K (or V) cache for n_ctx positions. */
+static size_t layer_kv_floats(const mx_model *m, int l, int n_ctx)
+{
+    const mx_attn *a = &m->layers[l].attn;
+    return (size_t)a->n_kv * (size_t)n_ctx * (size_t)a->head_dim;
+}
+
 int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e)
 {
     *out = NULL;
@@ -12,12 +19,17 @@ int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e)
     mx_seq *s = calloc(1, sizeof *s);
     if (!s)
         return mx_fail(e, MX_ENOMEM, "out of memory");
-    size_t n = (size_t)m->n_layers * (size_t)m->n_kv * (size_t)n_ctx * (size_t)m->head_dim;
+    s->kv_off = malloc(sizeof *s->kv_off * (size_t)m->n_layers);
+    size_t n = 0;
+    for (int l = 0; s->kv_off && l < m->n_layers; l++) {
+        s->kv_off[l] = n;
+        n += layer_kv_floats(m, l, n_ctx);
+    }
     /* calloc of a large block maps zero pages lazily, so memory is only
      * committed as the cache fills. */
-    s->k = calloc(n, sizeof(float));
-    s->v = calloc(n, sizeof(float));
-    if (!s->k || !s->v) {
+    s->k = calloc(n ? n : 1, sizeof(float));
+    s->v = calloc(n ? n : 1, sizeof(float));
+    if (!s->kv_off || !s->k || !s->v) {
         mx_seq_free(s);
         return mx_fail(e, MX_ENOMEM, "out of memory for a KV cache of %d tokens (%.1f MiB)", n_ctx,
                        2.0 * (double)n * sizeof(float) / 1048576.0);
@@ -34,6 +46,7 @@ void mx_seq_free(mx_seq *s)
         return;
     free(s->k);
     free(s->v);
+    free(s->kv_off);
     free(s);
 }
 
@@ -41,8 +54,10 @@ void mx_seq_reset(mx_seq *s) { s->pos = 0; }
 
 uint64_t mx_model_kv_bytes(const mx_model *m, int n_ctx)
 {
-    return 2ull * (uint64_t)m->n_layers * (uint64_t)m->n_kv * (uint64_t)n_ctx *
-           (uint64_t)m->head_dim * sizeof(float);
+    uint64_t n = 0;
+    for (int l = 0; l < m->n_layers; l++)
+        n += layer_kv_floats(m, l, n_ctx);
+    return 2ull * n * sizeof(float);
 }
 
 static uint64_t mlp_bytes(const mx_mlp *p)

@@ -59,15 +59,33 @@ typedef struct mx_route {
 
 typedef enum mx_router_kind {
     /* softmax over all experts, top-k (ties to the lower index, as
-     * torch.topk), renormalised when norm_topk */
+     * torch.topk), renormalised when norm_topk (Qwen, Mixtral, OLMoE) */
     MX_ROUTER_SOFTMAX_TOPK,
+    /* s = sigmoid(logits); experts chosen on s + bias (bias may be NULL),
+     * within the topk_group best of n_group groups (each scored by the sum
+     * of its two best) when n_group > 1, the others' choice scores set to 0
+     * as DeepSeek-V3 does; weights are the unbiased s of the chosen,
+     * divided by (their sum + norm_eps) when norm_topk, times scale
+     * (dots1, MiniMax-M2, LFM2) */
+    MX_ROUTER_SIGMOID,
+    /* Phi-3.5-MoE's sparsemixer (inference form, k = 2): expert 1 is the
+     * argmax; every logit whose gap to the max, relative to
+     * max(|logit|, max), exceeds 2 * jitter is masked, and the weight is
+     * expert 1's softmax probability over the rest; expert 2 the same
+     * among the others. The weights do not sum to 1. */
+    MX_ROUTER_SPARSEMIXER,
 } mx_router_kind;
 
 /* A layer's routing rule, as the family and config set it. */
 typedef struct mx_router {
     mx_router_kind kind;
     int k;                         /* experts per token */
-    int norm_topk;                 /* renormalise the k weights to sum 1 */
+    int norm_topk;                 /* renormalise the k weights */
+    int n_group, topk_group;       /* sigmoid: group-limited choice when n_group > 1 */
+    float scale;                   /* sigmoid: routed_scaling_factor (1 when absent) */
+    float norm_eps;                /* sigmoid: added to the sum when renormalising */
+    float jitter;                  /* sparsemixer: router_jitter_noise */
+    const float *bias;             /* sigmoid: [E] choice bias (e_score_correction_bias), or NULL */
 } mx_router;
 
 /* Routes one token from its router logits[n]. */
