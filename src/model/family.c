@@ -8,7 +8,7 @@
 
 extern const mx_family mx_family_qwen2_moe, mx_family_qwen3_moe, mx_family_mixtral,
     mx_family_olmoe, mx_family_dots1, mx_family_phimoe, mx_family_qwen3_vl_moe,
-    mx_family_minimax;
+    mx_family_minimax, mx_family_gemma4_text, mx_family_gemma4;
 
 /* The table: one row per family. */
 static const mx_family *const table[] = {
@@ -20,6 +20,8 @@ static const mx_family *const table[] = {
     &mx_family_phimoe,
     &mx_family_qwen3_vl_moe,
     &mx_family_minimax,
+    &mx_family_gemma4_text,
+    &mx_family_gemma4,
 };
 #define N_FAMILIES (int)(sizeof table / sizeof table[0])
 

@@ -46,15 +46,23 @@ typedef struct mx_names {
     const char *final_norm;        /* ("norm") */
     const char *lm_head;           /* ("lm_head") */
     const char *layer;             /* template with the layer index ("layers.%d") */
-    const char *attn_norm;         /* ("input_layernorm") */
-    const char *ffn_norm;          /* ("post_attention_layernorm") */
+    const char *attn_norm;         /* attention's input norm ("input_layernorm") */
+    const char *ffn_norm;          /* feed-forward's input norm ("post_attention_layernorm") */
+    const char *attn_out_norm;     /* a norm of attention's output before the residual add (none) */
+    const char *ffn_out_norm;      /* a norm of the feed-forward's output (none) */
+    const char *mlp_out_norm;      /* parallel layers: the dense branch's output norm (none) */
+    const char *moe_in_norm;       /* parallel layers: the experts' input norm (none) */
+    const char *moe_out_norm;      /* parallel layers: the experts' output norm (none) */
+    const char *layer_scalar;      /* [1]: the layer's output times this (none) */
     const char *attn;              /* ("self_attn") */
     const char *attn_proj[4];      /* q, k, v, o ("q_proj", "k_proj", "v_proj", "o_proj") */
     const char *qk_norm[2];        /* ("q_norm", "k_norm") */
     const char *mlp;               /* a dense layer's MLP ("mlp") */
-    const char *moe;               /* an MoE layer's block ("mlp") */
+    const char *moe;               /* an MoE layer's block ("mlp"; "" = the layer itself) */
     const char *router;            /* in the block ("gate") */
     const char *router_bias;       /* the router's choice bias, in the block (none) */
+    const char *router_scale;      /* [d]: the router reads rmsnorm(x) * this / sqrt(d) (none) */
+    const char *expert_scale;      /* [E]: a chosen expert's weight times this (none) */
     const char *stacked;           /* experts stacked [E, out, in] ("switch_mlp") */
     const char *stacked_proj[3];   /* its gate, up, down ("gate_proj", "up_proj", "down_proj") */
     const char *per_expert;        /* template with the expert index ("experts.%d") */
@@ -92,6 +100,11 @@ struct mx_family {
     mx_qk_norm qk_norm;
     mx_router_kind router;
     mx_shared_kind shared_expert;  /* may have a shared expert, of this kind */
+    int parallel_dense;            /* MoE layers also run a dense MLP beside the experts,
+                                      each branch with its own norms (Gemma 4) */
+    int v_norm;                    /* v heads get a weightless RMSNorm (Gemma 4) */
+    float attn_scale;              /* attention's score scale (0: head_dim^-0.5) */
+    int embed_scale;               /* embeddings times sqrt(hidden) (Gemma) */
     /* synth: presets (NULL-terminated by name) and the family's own
      * config.json keys */
     const mx_preset *presets;

@@ -68,6 +68,8 @@ typedef struct pass {
     float *qr;                   /* [T, q_dim] q heads as attention reads them */
     float *att;                  /* [T, q_dim] attention output */
     float *out;                  /* [T, d] a block's output */
+    float *out2, *rin, *xn2;     /* [T, d] parallel layers: the dense branch, the router's and
+                                    the experts' inputs (T > 1) */
     float *router;               /* [T, E] router logits (T > 1) */
     float *gate;                 /* [T] shared-expert weights (T > 1) */
     mx_route *routes;            /* [T] (T > 1) */
@@ -84,6 +86,10 @@ typedef struct pass {
 typedef struct lane {
     int ith, nth;
     float *x, *xn;               /* [d] T == 1: its copy of the stream; else a spare row */
+    float *tmp, *xn2, *comb;     /* [d] a block output's norm; T == 1 parallel layers: the experts'
+                                    input and the branches' sum */
+    mx_vec vec2;                 /* T == 1: xn2 prepared (parallel layers) */
+    unsigned char *vec2_buf;
     mx_vec vec;                  /* T == 1: its prepared input of the current linears */
     mx_batch batch;              /* T > 1: its view of the shared prepared input */
     unsigned char *vec_buf;
@@ -170,20 +176,36 @@ static void stacked_rows(lane *ln, const pass *p, int n, const mx_linear *const 
     }
 }
 
-/* x += delta (when not NULL), xn = norm(x), and xn made the linears'
- * input.  Per token, so a thread's share needs no barrier before it. */
-static void residual_norm(pass *p, lane *ln, const float *delta, const mx_norm *norm, int gs)
+/* x += dnorm(delta) for token t (delta's row t; dnorm may have no weight:
+ * none), on this thread's copy or share. */
+static void add_row(pass *p, lane *ln, int64_t t, const float *delta, const mx_norm *dnorm)
+{
+    const mx_model *m = p->m;
+    const int64_t d = m->d;
+    const float *dt = delta + t * d;
+    if (dnorm && dnorm->w) {
+        mx_norm_apply(ln->tmp, dt, dnorm, d, m->eps);
+        dt = ln->tmp;
+    }
+    float *x = x_at(p, ln, t);
+    for (int64_t i = 0; i < d; i++)
+        x[i] += dt[i];
+}
+
+/* x += dnorm(delta) (when delta is not NULL), xn = norm(x), and xn made
+ * the linears' input.  Per token, so a thread's share needs no barrier
+ * before it. */
+static void residual_norm(pass *p, lane *ln, const float *delta, const mx_norm *dnorm,
+                          const mx_norm *norm, int gs)
 {
     const mx_model *m = p->m;
     const int64_t d = m->d;
     int64_t t0, t1;
     my_tokens(p, ln, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
-        float *x = x_at(p, ln, t);
         if (delta)
-            for (int64_t i = 0; i < d; i++)
-                x[i] += delta[t * d + i];
-        mx_norm_apply(xn_at(p, ln, t), x, norm, d, m->eps);
+            add_row(p, ln, t, delta, dnorm);
+        mx_norm_apply(xn_at(p, ln, t), x_at(p, ln, t), norm, d, m->eps);
     }
     input_ready(p, ln, p->T == 1 ? ln->xn : p->xn, d, gs, t0, t1);
 }
@@ -210,8 +232,13 @@ static void embed_block(pass *p, lane *ln)
     const mx_model *m = p->m;
     int64_t t0, t1;
     my_tokens(p, ln, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++)
-        mx_embed_row(m, p->tokens[t], x_at(p, ln, t));
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = x_at(p, ln, t);
+        mx_embed_row(m, p->tokens[t], x);
+        if (m->embed_scale != 1.0f)   /* Gemma: embeddings times sqrt(hidden) */
+            for (int64_t i = 0; i < m->d; i++)
+                x[i] *= m->embed_scale;
+    }
     trace_hidden(p, ln, 0);
 }
 
@@ -267,11 +294,12 @@ static void attention_block(pass *p, lane *ln, int l)
     const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv, group = nh / nkv;
     const int64_t T = p->T;
     int64_t r0, r1;
-    /* A: q, k, v rows */
+    /* A: q, k, v rows (no v rows on k = v layers) */
     const mx_linear *qkv[3] = {&a->q, &a->k, &a->v};
     float *const out3[3] = {p->q, p->k, p->v};
-    my_rows(p, ln, a->q.rows + a->k.rows + a->v.rows, &r0, &r1);
-    stacked_rows(ln, p, 3, qkv, out3, r0, r1);
+    const int nmat = a->k_eq_v ? 2 : 3;
+    my_rows(p, ln, a->q.rows + a->k.rows + (a->k_eq_v ? 0 : a->v.rows), &r0, &r1);
+    stacked_rows(ln, p, nmat, qkv, out3, r0, r1);
 #pragma omp barrier
     /* B: k heads normed and rotated into the cache, v clipped into it;
      * q heads normed and rotated into qr (q, k, v stay as projected, so
@@ -287,9 +315,15 @@ static void attention_block(pass *p, lane *ln, int l)
         const int pos = p->ts.pos[t];
         head_in(p, ln, l, t, 1, g, mx_kv_at(s, s->k, l, g, pos));
         float *vc = mx_kv_at(s, s->v, l, g, pos);
-        const float *vs = p->v + t * a->kv_dim + g * hd;
+        /* v: its projection, or (k = v layers) the raw k projection */
+        const float *vs = (a->k_eq_v ? p->k : p->v) + t * a->kv_dim + g * hd;
         for (int j = 0; j < hd; j++)
             vc[j] = c > 0 ? fminf(fmaxf(vs[j], -c), c) : vs[j];
+        if (a->v_norm) {   /* weightless RMSNorm per head */
+            const float r = mx_rms_inv(vc, hd, m->eps);
+            for (int j = 0; j < hd; j++)
+                vc[j] *= r;
+        }
     }
     mx_split((long)(T * nh), ln->ith, ln->nth, &i0, &i1);
     for (long i = i0; i < i1; i++)
@@ -298,7 +332,7 @@ static void attention_block(pass *p, lane *ln, int l)
     /* C: attention over the caches.  One token: its heads split evenly
      * (the q heads of one kv head stay together); many: (token, head)
      * items handed out as they finish, since later positions cost more */
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = a->scale;
     if (T == 1) {
         for (long h = i0; h < i1; h++) {
             mx_seq *s = p->ts.seq[0];
@@ -367,13 +401,87 @@ static void route_tokens(pass *p, lane *ln, const mx_moe_block *b, int l)
 #pragma omp barrier
 }
 
-/* p->out[T, d] = the layer's feed-forward of the normed stream: routed
- * experts (+ the shared expert weighted by its gate), or the dense MLP. */
-static int ffn_block(pass *p, lane *ln, int l)
+/* Runs one expert job through the path the dispatch chooses (the same
+ * answer on every thread: a pure function of the job); x is the calling
+ * thread's prepared input for the fused path.  MoE blocks are counted. */
+static int run_job(pass *p, lane *ln, const mx_moe_job *job, mx_vec *x, void *fused_buf, int count)
+{
+    mx_model *m = p->m;
+    const mx_moe_path path = mx_moe_choose(job, NULL);
+    int rc = MX_OK;
+    if (path == MX_MOE_FUSED) {
+        mx_moe_plan plan;
+        mx_moe_plan_of(&plan, job);
+        mx_moe_fused_team(&plan, x, fused_buf, job->out);
+    } else {
+        rc = mx_moe_gather_team(job, m->gather, &m->moe_arena, p->e);
+    }
+    if (!rc && count && ln->ith == 0)
+        mx_moe_count(path, 1);
+    return rc;
+}
+
+/* Gemma 4's parallel layer: the dense MLP on the normed stream and the
+ * routed experts on their own norm of it, routed by rmsnorm(x) * scale /
+ * sqrt(d), each branch normed before the sum: *delta gets
+ * mlp_out_norm(mlp) + moe_out_norm(experts). */
+static int ffn_parallel(pass *p, lane *ln, int l, const float **delta)
 {
     mx_model *m = p->m;
     const mx_layer *L = &m->layers[l];
-    mx_moe_job job = {.x = p->T == 1 ? ln->xn : p->xn, .T = p->T, .d_model = m->d, .out = p->out};
+    const mx_moe_block *b = &L->moe;
+    const int64_t d = m->d, T = p->T;
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *x = x_at(p, ln, t);
+        float *rin = T == 1 ? ln->tmp : p->rin + t * d, *xn2 = T == 1 ? ln->xn2 : p->xn2 + t * d;
+        const float r = mx_rms_inv(x, d, m->eps), k = 1.0f / sqrtf((float)d);
+        for (int64_t i = 0; i < d; i++)
+            rin[i] = x[i] * r * b->router_in_scale[i] * k;
+        mx_norm_apply(xn2, x, &L->moe_in_norm, d, m->eps);
+    }
+    input_ready(p, ln, T == 1 ? ln->tmp : p->rin, d, gs_of(&b->router), t0, t1);
+    route_tokens(p, ln, b, l);
+    const mx_moe_job dense = {.n_extra = 1, .extra = {&L->mlp}, .act = m->act,
+                              .x = T == 1 ? ln->xn : p->xn, .T = T, .d_model = d, .out = p->out2};
+    const mx_moe_job moe = {.ex = &b->experts, .routes = T == 1 ? &ln->route : p->routes,
+                            .act = m->act, .x = T == 1 ? ln->xn2 : p->xn2, .T = T, .d_model = d,
+                            .out = p->out};
+    if (T == 1) {
+        mx_vec_init(&ln->vec, ln->xn, d, ln->vec_buf);
+        mx_vec_init(&ln->vec2, ln->xn2, d, ln->vec2_buf);
+    }
+    int rc = run_job(p, ln, &dense, &ln->vec, p->fused_buf, 0);
+    if (!rc)
+        rc = run_job(p, ln, &moe, &ln->vec2, p->fused_buf, 1);
+    if (rc)
+        return rc;
+    /* the branches summed after their norms: one token on every thread's
+     * own row (no barrier), many split by token in place */
+    for (int64_t t = t0; t < t1; t++) {
+        float *comb = T == 1 ? ln->comb : p->out + t * d;
+        mx_norm_apply(ln->tmp, p->out2 + t * d, &L->mlp_out_norm, d, m->eps);
+        mx_norm_apply(comb, p->out + t * d, &L->moe_out_norm, d, m->eps);
+        for (int64_t i = 0; i < d; i++)
+            comb[i] += ln->tmp[i];
+    }
+    *delta = T == 1 ? ln->comb : p->out;
+    return MX_OK;
+}
+
+/* The layer's feed-forward of the normed stream: routed experts (+ the
+ * shared expert, weighted by its gate when it has one), or the dense MLP,
+ * or both in parallel.  *delta gets its output rows ([T, d]; for one token
+ * of a parallel layer, this thread's own row). */
+static int ffn_block(pass *p, lane *ln, int l, const float **delta)
+{
+    mx_model *m = p->m;
+    const mx_layer *L = &m->layers[l];
+    if (L->parallel)
+        return ffn_parallel(p, ln, l, delta);
+    mx_moe_job job = {.x = p->T == 1 ? ln->xn : p->xn, .T = p->T, .d_model = m->d, .out = p->out,
+                      .act = m->act};
     if (L->is_moe) {
         const mx_moe_block *b = &L->moe;
         route_tokens(p, ln, b, l);
@@ -386,40 +494,44 @@ static int ffn_block(pass *p, lane *ln, int l)
     } else {
         job.extra[job.n_extra++] = &L->mlp;
     }
-    /* the same answer on every thread: a pure function of the job */
-    const mx_moe_path path = mx_moe_choose(&job, NULL);
-    int rc = MX_OK;
-    if (path == MX_MOE_FUSED) {
-        mx_moe_plan plan;
-        mx_moe_plan_of(&plan, &job);
-        mx_moe_fused_team(&plan, &ln->vec, p->fused_buf, p->out);
-    } else {
-        rc = mx_moe_gather_team(&job, m->gather, &m->moe_arena, p->e);
-    }
-    if (!rc && L->is_moe && ln->ith == 0)
-        mx_moe_count(path, 1);
-    return rc;
+    *delta = p->out;
+    return run_job(p, ln, &job, &ln->vec, p->fused_buf, L->is_moe);
 }
 
-/* x += p->out, the feed-forward's output, and the trace's copy of the
- * stream after layer l. */
-static void residual_add(pass *p, lane *ln, int l)
+/* x += ffn_out_norm(delta), times the layer's scalar, and the trace's copy
+ * of the stream after layer l. */
+static void residual_add(pass *p, lane *ln, int l, const float *delta)
 {
-    const int64_t d = p->m->d;
+    const mx_layer *L = &p->m->layers[l];
     int64_t t0, t1;
     my_tokens(p, ln, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
-        float *x = x_at(p, ln, t);
-        for (int64_t i = 0; i < d; i++)
-            x[i] += p->out[t * d + i];
+        add_row(p, ln, p->T == 1 ? 0 : t, delta, &L->ffn_out_norm);
+        if (L->scalar != 1.0f) {
+            float *x = x_at(p, ln, t);
+            for (int64_t i = 0; i < p->m->d; i++)
+                x[i] *= L->scalar;
+        }
     }
     trace_hidden(p, ln, l + 1);
 }
 
 /* The group size the feed-forward's first matrices read x with. */
-static int ffn_gs(const mx_layer *L) { return gs_of(L->is_moe ? &L->moe.router : &L->mlp.gate); }
+static int ffn_gs(const mx_layer *L)
+{
+    return gs_of(L->is_moe && !L->parallel ? &L->moe.router : &L->mlp.gate);
+}
 
 /* ---- logits ------------------------------------------------------------------------ */
+
+/* Gemma's final logit soft cap on logits [r0, r1): tanh(z / cap) * cap. */
+static void softcap(const mx_model *m, float *logits, int64_t r0, int64_t r1)
+{
+    if (m->softcap <= 0)
+        return;
+    for (int64_t r = r0; r < r1; r++)
+        logits[r] = tanhf(logits[r] / m->softcap) * m->softcap;
+}
 
 /* The final norm and lm_head: every token's logits (all_logits), or the
  * last token's (logits).  The trace's last hidden state is the normed
@@ -441,6 +553,8 @@ static void logits_block(pass *p, lane *ln)
             input_ready(p, ln, T == 1 ? ln->xn : p->xn, d, gs_of(&m->lm_head), t0, t1);
             my_rows(p, ln, m->vocab, &r0, &r1);
             linear_rows(ln, p, &m->lm_head, p->all_logits, m->vocab, r0, r1);
+            for (int64_t t = 0; t < T; t++)
+                softcap(m, p->all_logits + t * m->vocab, r0, r1);
         }
     }
     if (p->logits) {
@@ -454,6 +568,7 @@ static void logits_block(pass *p, lane *ln)
         long a, b;
         mx_split((long)m->vocab, ln->ith, ln->nth, &a, &b);
         mx_linear_rows(&m->lm_head, &ln->vec, p->logits, a, b);
+        softcap(m, p->logits, a, b);
     }
 }
 
@@ -470,12 +585,13 @@ static void forward_pass(pass *p, lane *ln)
     int rc = MX_OK;
     for (int l = 0; l < m->n_layers && !rc; l++) {
         const mx_layer *L = &m->layers[l];
-        residual_norm(p, ln, NULL, &L->attn_norm, gs_of(&L->attn.q));
+        residual_norm(p, ln, NULL, NULL, &L->attn_norm, gs_of(&L->attn.q));
         attention_block(p, ln, l);
-        residual_norm(p, ln, p->out, &L->ffn_norm, ffn_gs(L));
-        rc = ffn_block(p, ln, l);
+        residual_norm(p, ln, p->out, &L->attn_out_norm, &L->ffn_norm, ffn_gs(L));
+        const float *delta;
+        rc = ffn_block(p, ln, l, &delta);
         if (!rc)
-            residual_add(p, ln, l);
+            residual_add(p, ln, l, delta);
     }
     if (rc) {
         if (ln->ith == 0)
@@ -510,12 +626,13 @@ static size_t fused_bytes(const mx_model *m, int nth)
             extra[0] = L->moe.has_shared ? L->moe.shared.gate.rows : 0;
             n = mx_moe_fused_bytes_max(m->d, m->top_k, L->moe.experts.d_ff, extra,
                                        L->moe.has_shared, nth);
-        } else {
+            w = n > w ? n : w;
+        }
+        if (!L->is_moe || L->parallel) {   /* the dense MLP's own job */
             extra[0] = L->mlp.gate.rows;
             n = mx_moe_fused_bytes_max(m->d, 0, 0, extra, 1, nth);
+            w = n > w ? n : w;
         }
-        if (n > w)
-            w = n;
     }
     return w;
 }
@@ -551,6 +668,9 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
     p->qr = carve(a, &total, (size_t)(T * qd) * f);
     p->att = carve(a, &total, (size_t)(T * qd) * f);
     p->out = carve(a, &total, (size_t)(T * d) * f);
+    p->out2 = carve(a, &total, (size_t)(T * d) * f);
+    p->rin = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
+    p->xn2 = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
     p->router = carve(a, &total, (size_t)(T * E) * f);
     p->gate = carve(a, &total, (size_t)T * f);
     p->routes = carve(a, &total, (size_t)T * sizeof(mx_route));
@@ -568,7 +688,11 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
         ln->rfull_t = -1;
         ln->x = carve(a, &total, (size_t)d * f);
         ln->xn = carve(a, &total, (size_t)d * f);
+        ln->tmp = carve(a, &total, (size_t)d * f);
+        ln->xn2 = carve(a, &total, (size_t)d * f);
+        ln->comb = carve(a, &total, (size_t)d * f);
         ln->vec_buf = carve(a, &total, vec);
+        ln->vec2_buf = carve(a, &total, mx_vec_bytes(d));
         ln->scores = carve(a, &total, (size_t)p->ts.max_ctx * f);
         ln->router = carve(a, &total, (size_t)E * f);
     }

@@ -250,6 +250,20 @@ static int load_norm(mx_model *m, const char *prefix, mx_norm *out, mx_err *e)
     return rc;
 }
 
+static const char *layer_type(const mx_config *c, int l);
+
+/* An optional norm `{p}.{name}` (none when the family names none). */
+static int load_norm_opt(mx_model *m, const char *p, const char *name, mx_norm *out, mx_err *e)
+{
+    if (!name) {
+        out->w = out->b = NULL;
+        return MX_OK;
+    }
+    char n[NAME_MAX_LEN];
+    tname(n, "%s.%s", p, name);
+    return load_norm(m, n, out, e);
+}
+
 /* The sliding window of layer l: with a layer_types list, only its
  * "sliding_attention" layers; else every layer when the config enables
  * one (use_sliding_window unset or true). */
@@ -257,41 +271,63 @@ static int layer_window(const mx_config *c, int l)
 {
     if (c->sliding_window <= 0)
         return 0;
-    const cJSON *types = mx_config_key(c, "layer_types");
-    if (cJSON_IsArray(types)) {
-        const cJSON *t = cJSON_GetArrayItem(types, l);
-        return cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention") ? c->sliding_window : 0;
+    if (cJSON_IsArray(mx_config_key(c, "layer_types"))) {
+        const char *t = layer_type(c, l);
+        return t && !strcmp(t, "sliding_attention") ? c->sliding_window : 0;
     }
     return c->use_sliding_window != 0 ? c->sliding_window : 0;
 }
 
+/* Layer l's attention: its geometry (a "full_attention" layer of a config
+ * with global_head_dim has its own head size, and with attention_k_eq_v no
+ * v projection and num_global_key_value_heads), its rope, window, norms. */
 static int load_attention(mx_model *m, const char *p, int l, mx_attn *a, mx_err *e)
 {
+    const mx_config *c = &m->cfg;
     const mx_names *nm = &m->fam->names;
     char n[NAME_MAX_LEN];
     int rc;
+    const char *type = layer_type(c, l);
+    const int full = type && !strcmp(type, "full_attention");
     a->n_heads = m->n_heads;
     a->n_kv = m->n_kv;
     a->head_dim = m->head_dim;
+    a->rope = 0;
+    if (full && mx_config_number(c, "global_head_dim", 0) > 0) {
+        a->head_dim = (int)mx_config_number(c, "global_head_dim", 0);
+        const cJSON *kv = mx_config_key(c, "attention_k_eq_v");
+        a->k_eq_v = cJSON_IsTrue(kv);
+        if (a->k_eq_v)
+            a->n_kv = (int)mx_config_number(c, "num_global_key_value_heads", m->n_kv);
+    }
+    if (full && m->n_ropes > 1)
+        a->rope = 1;
+    if (a->n_kv <= 0 || a->n_heads % a->n_kv || a->head_dim <= 0 || a->head_dim % 2 ||
+        m->ropes[a->rope].dims > a->head_dim)
+        return mx_fail(e, MX_ECONFIG, "%s/config.json: layer %d: %d heads of %d over %d kv heads do not fit",
+                       m->dir, l, a->n_heads, a->head_dim, a->n_kv);
     a->q_dim = a->n_heads * a->head_dim;
     a->kv_dim = a->n_kv * a->head_dim;
-    a->rope = 0;
-    a->window = layer_window(&m->cfg, l);
+    a->window = layer_window(c, l);
+    a->v_norm = m->fam->v_norm;
+    a->scale = m->fam->attn_scale > 0 ? m->fam->attn_scale : 1.0f / sqrtf((float)a->head_dim);
     mx_linear *proj[4] = {&a->q, &a->k, &a->v, &a->o};
     const int64_t rows[4] = {a->q_dim, a->kv_dim, a->kv_dim, m->d};
     const int64_t cols[4] = {m->d, m->d, m->d, a->q_dim};
     for (int i = 0; i < 4; i++) {
+        if (i == 2 && a->k_eq_v)
+            continue;   /* v is the k projection */
         tname(n, "%s.%s.%s", p, nm->attn, nm->attn_proj[i]);
         if ((rc = load_linear(m, n, rows[i], cols[i], proj[i], e)))
             return rc;
     }
     if (m->fam->qk_norm != MX_QK_NORM_NONE) {
-        int full = m->fam->qk_norm == MX_QK_NORM_FULL;
+        int fw = m->fam->qk_norm == MX_QK_NORM_FULL;
         tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[0]);
-        if ((rc = load_vector(m, n, full ? a->q_dim : a->head_dim, 0, &a->q_norm, e)))
+        if ((rc = load_vector(m, n, fw ? a->q_dim : a->head_dim, 0, &a->q_norm, e)))
             return rc;
         tname(n, "%s.%s.%s.weight", p, nm->attn, nm->qk_norm[1]);
-        if ((rc = load_vector(m, n, full ? a->kv_dim : a->head_dim, 0, &a->k_norm, e)))
+        if ((rc = load_vector(m, n, fw ? a->kv_dim : a->head_dim, 0, &a->k_norm, e)))
             return rc;
     }
     return MX_OK;
@@ -314,6 +350,15 @@ static int load_router_rule(mx_model *m, const char *blk, mx_router *r, mx_err *
     if (r->kind == MX_ROUTER_SPARSEMIXER && m->top_k != 2)
         return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: sparsemixer routing takes 2 experts, not %d",
                        m->dir, m->top_k);
+    if (m->fam->names.expert_scale) {
+        char n[NAME_MAX_LEN];
+        float *sc;
+        tname(n, "%s.%s", blk, m->fam->names.expert_scale);
+        int rc = load_vector(m, n, m->n_experts, 0, &sc, e);
+        if (rc)
+            return rc;
+        r->expert_scale = sc;
+    }
     if (m->fam->names.router_bias) {
         char n[NAME_MAX_LEN];
         float *bias;
@@ -333,28 +378,51 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
     int rc;
     snprintf(layer, sizeof layer, nm->layer, l);
     tname(p, "%s.%s", nm->model, layer);
-    tname(n, "%s.%s", p, nm->attn_norm);
-    if ((rc = load_norm(m, n, &L->attn_norm, e)))
-        return rc;
-    tname(n, "%s.%s", p, nm->ffn_norm);
-    if ((rc = load_norm(m, n, &L->ffn_norm, e)))
+    if ((rc = load_norm_opt(m, p, nm->attn_norm, &L->attn_norm, e)) ||
+        (rc = load_norm_opt(m, p, nm->ffn_norm, &L->ffn_norm, e)) ||
+        (rc = load_norm_opt(m, p, nm->attn_out_norm, &L->attn_out_norm, e)) ||
+        (rc = load_norm_opt(m, p, nm->ffn_out_norm, &L->ffn_out_norm, e)))
         return rc;
     if ((rc = load_attention(m, p, l, &L->attn, e)))
         return rc;
+    L->scalar = 1.0f;
+    if (nm->layer_scalar) {
+        float *sc;
+        tname(n, "%s.%s", p, nm->layer_scalar);
+        if ((rc = load_vector(m, n, 1, 0, &sc, e)))
+            return rc;
+        L->scalar = sc[0];
+    }
 
     L->is_moe = layer_is_moe(&m->cfg, l);
-    if (!L->is_moe) {
+    L->parallel = L->is_moe && m->fam->parallel_dense;
+    if (!L->is_moe || L->parallel) {
         tname(n, "%s.%s", p, nm->mlp);
-        return load_mlp(m, n, m->cfg.intermediate_size, &L->mlp, e);
+        if ((rc = load_mlp(m, n, m->cfg.intermediate_size, &L->mlp, e)))
+            return rc;
+        if (!L->is_moe)
+            return MX_OK;
+        if ((rc = load_norm_opt(m, p, nm->mlp_out_norm, &L->mlp_out_norm, e)) ||
+            (rc = load_norm_opt(m, p, nm->moe_in_norm, &L->moe_in_norm, e)) ||
+            (rc = load_norm_opt(m, p, nm->moe_out_norm, &L->moe_out_norm, e)))
+            return rc;
     }
     mx_moe_block *b = &L->moe;
     char blk[NAME_MAX_LEN];
-    tname(blk, "%s.%s", p, nm->moe);
+    if (nm->moe[0])
+        tname(blk, "%s.%s", p, nm->moe);
+    else
+        tname(blk, "%s", p);
     tname(n, "%s.%s", blk, nm->router);
     if ((rc = load_linear(m, n, m->n_experts, m->d, &b->router, e)))
         return rc;
     if ((rc = load_router_rule(m, blk, &b->rule, e)))
         return rc;
+    if (nm->router_scale) {
+        tname(n, "%s.%s", blk, nm->router_scale);
+        if ((rc = load_vector(m, n, m->d, 0, &b->router_in_scale, e)))
+            return rc;
+    }
     if ((rc = load_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts, e)))
         return rc;
     int64_t shared_ff = 0;
@@ -392,36 +460,52 @@ static int read_factors(const cJSON *a, int n, float *out)
     return 0;
 }
 
-/* Rope 0 from the config: the rotated share of each head (partial
- * rotary), its frequencies computed in float as transformers does, and
- * LongRoPE's short and long factors and scales. */
-static int setup_rope(mx_model *m, mx_err *e)
+/* The type of layer l from config.json's layer_types ("sliding_attention",
+ * "full_attention", ...), or NULL when the config has none. */
+static const char *layer_type(const mx_config *c, int l)
+{
+    const cJSON *t = cJSON_GetArrayItem(mx_config_key(c, "layer_types"), l);
+    return cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+static double obj_number(const cJSON *o, const char *key, double dflt)
+{
+    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+/* One rope from its parameters rp (rope_parameters, or one layer type's
+ * entry of it; may be NULL) for heads of head_dim: the rotated share
+ * (partial rotary), the frequencies computed in float as transformers
+ * does, LongRoPE's two sets and scales, and proportional RoPE (Gemma 4:
+ * the first share of the frequencies theta^(-2i/head_dim), the rest 0). */
+static int build_rope(mx_model *m, const cJSON *rp, int head_dim, mx_rope *r, mx_err *e)
 {
     const mx_config *c = &m->cfg;
-    const cJSON *rp = mx_config_key(c, "rope_parameters");
-    if (!cJSON_IsObject(rp))
-        rp = mx_config_key(c, "rope_scaling");
-    if (!cJSON_IsObject(rp))
-        rp = NULL;
-    const cJSON *prf = rp ? cJSON_GetObjectItemCaseSensitive(rp, "partial_rotary_factor") : NULL;
-    double partial = cJSON_IsNumber(prf) ? prf->valuedouble
-                                         : mx_config_number(c, "partial_rotary_factor", -1.0);
-    int dims = m->head_dim;
-    if (partial > 0 && partial <= 1)
-        dims = (int)(m->head_dim * partial);
+    const cJSON *tv = rp ? cJSON_GetObjectItemCaseSensitive(rp, "rope_type") : NULL;
+    const char *type = cJSON_IsString(tv) ? tv->valuestring : c->rope_type;
+    const int longrope = !strcmp(type, "longrope"), proportional = !strcmp(type, "proportional");
+    if (strcmp(type, "default") && !longrope && !proportional)
+        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: rope_type '%s' is not supported "
+                       "(default, longrope, proportional)", m->dir, type);
+    const double theta = obj_number(rp, "rope_theta", c->rope_theta);
+    double partial = obj_number(rp, "partial_rotary_factor",
+                                mx_config_number(c, "partial_rotary_factor", -1.0));
+    int dims = head_dim;
+    if (proportional)
+        dims = head_dim;   /* every pair turns, the unrotated ones at frequency 0 */
+    else if (partial > 0 && partial <= 1)
+        dims = (int)(head_dim * partial);
     else if (mx_config_number(c, "rotary_dim", 0) > 0)
         dims = (int)mx_config_number(c, "rotary_dim", 0);
-    if (dims < 2 || dims > m->head_dim || dims % 2)
-        return mx_fail(e, MX_ECONFIG, "%s/config.json: rotary dimensions %d do not fit head_dim %d",
-                       m->dir, dims, m->head_dim);
-    mx_rope *r = &m->ropes[0];
-    m->n_ropes = 1;
+    if (theta <= 0 || dims < 2 || dims > head_dim || dims % 2)
+        return mx_fail(e, MX_ECONFIG, "%s/config.json: rope theta %g / rotary dimensions %d do not fit "
+                       "head_dim %d", m->dir, theta, dims, head_dim);
     r->dims = dims;
     r->mscale = 1.0f;
     r->inv_freq = own(m, malloc(sizeof(float) * (size_t)(dims / 2)));
     if (!r->inv_freq)
         return mx_fail(e, MX_ENOMEM, "out of memory");
-    const int longrope = !strcmp(c->rope_type, "longrope");
     float *sf = NULL;
     if (longrope) {
         r->inv_freq_long = own(m, malloc(sizeof(float) * (size_t)(dims / 2)));
@@ -432,9 +516,8 @@ static int setup_rope(mx_model *m, mx_err *e)
             read_factors(cJSON_GetObjectItemCaseSensitive(rp, "long_factor"), dims / 2, sf + dims / 2))
             return mx_fail(e, MX_ECONFIG, "%s/config.json: longrope needs short_factor and long_factor "
                                           "of %d numbers each", m->dir, dims / 2);
-        const cJSON *om = cJSON_GetObjectItemCaseSensitive(rp, "original_max_position_embeddings");
-        r->orig_max = cJSON_IsNumber(om) ? (int)om->valuedouble
-                                         : (int)mx_config_number(c, "original_max_position_embeddings", 0);
+        r->orig_max = (int)obj_number(rp, "original_max_position_embeddings",
+                                      mx_config_number(c, "original_max_position_embeddings", 0));
         if (r->orig_max <= 0)
             return mx_fail(e, MX_ECONFIG, "%s/config.json: longrope needs original_max_position_embeddings",
                            m->dir);
@@ -442,18 +525,39 @@ static int setup_rope(mx_model *m, mx_err *e)
          * sqrt(1 + ln(factor) / ln(original max)) */
         const double factor = (double)c->max_position_embeddings / r->orig_max;
         const double dflt = factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log((double)r->orig_max));
-        const cJSON *ss = cJSON_GetObjectItemCaseSensitive(rp, "short_mscale");
-        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(rp, "long_mscale");
-        r->mscale = (float)(cJSON_IsNumber(ss) ? ss->valuedouble : dflt);
-        r->mscale_long = (float)(cJSON_IsNumber(ls) ? ls->valuedouble : dflt);
+        r->mscale = (float)obj_number(rp, "short_mscale", dflt);
+        r->mscale_long = (float)obj_number(rp, "long_mscale", dflt);
     }
+    const int angles = proportional ? (int)(((partial > 0 ? partial : 1.0) * head_dim) / 2) : dims / 2;
     for (int i = 0; i < dims / 2; i++) {
-        const float base = powf((float)c->rope_theta, (float)(2 * i) / (float)dims);
-        r->inv_freq[i] = 1.0f / (longrope ? sf[i] * base : base);
+        const float base = powf((float)theta, (float)(2 * i) / (float)dims);
+        r->inv_freq[i] = i >= angles ? 0.0f : 1.0f / (longrope ? sf[i] * base : base);
         if (longrope)
             r->inv_freq_long[i] = 1.0f / (sf[dims / 2 + i] * base);
     }
     return MX_OK;
+}
+
+/* The model's ropes: one, or (when rope_parameters holds one entry per
+ * layer type, as Gemma 4's does) one for sliding and one for full layers. */
+static int setup_ropes(mx_model *m, mx_err *e)
+{
+    const mx_config *c = &m->cfg;
+    const cJSON *rp = mx_config_key(c, "rope_parameters");
+    if (!cJSON_IsObject(rp))
+        rp = mx_config_key(c, "rope_scaling");
+    if (!cJSON_IsObject(rp))
+        rp = NULL;
+    const cJSON *sl = rp ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+    const cJSON *fu = rp ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+    if (cJSON_IsObject(sl) && cJSON_IsObject(fu)) {
+        m->n_ropes = 2;
+        int rc = build_rope(m, sl, m->head_dim, &m->ropes[0], e);
+        return rc ? rc : build_rope(m, fu, (int)mx_config_number(c, "global_head_dim", m->head_dim),
+                                    &m->ropes[1], e);
+    }
+    m->n_ropes = 1;
+    return build_rope(m, rp, m->head_dim, &m->ropes[0], e);
 }
 
 /* Applies the family defaults and checks the dimensions are usable. */
@@ -473,12 +577,22 @@ static int resolve_config(mx_model *m, mx_err *e)
     m->fam->apply_defaults(c);
     if (c->head_dim == MX_UNSET && c->num_attention_heads > 0)
         c->head_dim = c->hidden_size / c->num_attention_heads;
-    if (c->hidden_act[0] && strcmp(c->hidden_act, "silu"))
-        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: hidden_act '%s' is not supported (only silu)",
-                       m->dir, c->hidden_act);
-    if (c->rope_type[0] && strcmp(c->rope_type, "default") && strcmp(c->rope_type, "longrope"))
-        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: rope_type '%s' is not supported (default, longrope)",
-                       m->dir, c->rope_type);
+    m->act = MX_ACT_SILU;
+    if (!strcmp(c->hidden_act, "gelu_pytorch_tanh") || !strcmp(c->hidden_act, "gelu_tanh"))
+        m->act = MX_ACT_GELU_TANH;
+    else if (c->hidden_act[0] && strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
+        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: hidden_act '%s' is not supported "
+                       "(silu, gelu_pytorch_tanh)", m->dir, c->hidden_act);
+    m->embed_scale = m->fam->embed_scale ? sqrtf((float)c->hidden_size) : 1.0f;
+    m->softcap = (float)mx_config_number(c, "final_logit_softcapping", 0.0);
+    if (mx_config_number(c, "num_kv_shared_layers", 0) > 0 ||
+        mx_config_number(c, "hidden_size_per_layer_input", 0) > 0)
+        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: shared KV layers and per-layer inputs "
+                       "(Gemma 4's small models) are not supported", m->dir);
+    if (c->rope_type[0] && strcmp(c->rope_type, "default") && strcmp(c->rope_type, "longrope") &&
+        strcmp(c->rope_type, "proportional"))
+        return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: rope_type '%s' is not supported "
+                       "(default, longrope, proportional)", m->dir, c->rope_type);
 #define NEED(cond, field)                                                                        \
     if (!(cond))                                                                                 \
         return mx_fail(e, MX_ECONFIG, "%s/config.json: %s has an invalid value", m->dir, field)
@@ -531,7 +645,7 @@ int mx_model_load(const char *dir, mx_model **out, mx_err *e)
         rc = mx_fail(e, MX_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = setup_rope(m, e)))
+    if ((rc = setup_ropes(m, e)))
         goto fail;
 
     const mx_names *nm = &m->fam->names;

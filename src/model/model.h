@@ -53,6 +53,9 @@ typedef struct mx_attn {
     int n_heads, n_kv, head_dim, q_dim, kv_dim;
     int rope;                    /* index into the model's ropes */
     int window;                  /* attends to the last `window` positions (0: all) */
+    int k_eq_v;                  /* no v projection: v is the raw k projection (Gemma 4 full layers) */
+    int v_norm;                  /* v heads get a weightless RMSNorm */
+    float scale;                 /* the scores' scale */
 } mx_attn;
 
 typedef struct mx_moe_block {
@@ -63,13 +66,21 @@ typedef struct mx_moe_block {
     mx_mlp shared;               /* shared experts every token runs */
     int shared_gated;            /* 1: weighted by sigmoid(shared_gate x) (Qwen2-MoE); 0: by 1 */
     mx_linear shared_gate;       /* [1, d] when gated */
+    float *router_in_scale;      /* [d] Gemma 4: the router reads rmsnorm(x) * this / sqrt(d); else NULL */
 } mx_moe_block;
 
 typedef struct mx_layer {
-    mx_norm attn_norm, ffn_norm;
+    mx_norm attn_norm, ffn_norm; /* the inputs of attention and of the feed-forward */
+    mx_norm attn_out_norm;       /* attention's output before the residual add (w NULL: none) */
+    mx_norm ffn_out_norm;        /* the feed-forward's output (w NULL: none) */
+    /* parallel layers (Gemma 4): MoE and the dense MLP on the same stream,
+     * out = ffn_out_norm(mlp_out_norm(mlp(ffn_norm x)) + moe_out_norm(moe(moe_in_norm x))) */
+    int parallel;
+    mx_norm mlp_out_norm, moe_in_norm, moe_out_norm;
+    float scalar;                /* the layer's output times this (1 for most families) */
     mx_attn attn;
     int is_moe;
-    mx_mlp mlp;                  /* when !is_moe */
+    mx_mlp mlp;                  /* when !is_moe, or parallel */
     mx_moe_block moe;            /* when is_moe */
 } mx_layer;
 
@@ -83,6 +94,9 @@ typedef struct mx_model {
     int d, n_layers, n_heads, n_kv, head_dim, vocab, q_dim, kv_dim;
     int n_experts, top_k, norm_topk;
     float eps;
+    mx_act act;                  /* the MLPs' gate activation */
+    float embed_scale;           /* embeddings times this (1, or sqrt(d) for Gemma) */
+    float softcap;               /* logits = tanh(z / softcap) * softcap when > 0 */
     mx_rope ropes[MX_MAX_ROPES];
     int n_ropes;
     mx_linear embed;             /* [vocab, d] */

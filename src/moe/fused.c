@@ -46,6 +46,7 @@ void mx_moe_plan_of(mx_moe_plan *p, const mx_moe_job *j)
     p->n = 0;
     p->off[0] = 0;
     p->d_model = j->d_model;
+    p->act = j->act;
     if (j->ex) {
         const mx_route *r = &j->routes[0];
         for (int i = 0; i < r->k; i++) {
@@ -100,7 +101,7 @@ static void phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t 
         mx_linear_rows(p->gate[j], x, h + a, r0, r1);
         mx_linear_rows(p->up[j], x, u + a, r0, r1);
         for (int64_t i = a + r0; i < a + r1; i++)
-            h[i] = mx_silu(h[i]) * u[i];
+            h[i] = mx_glu(p->act, h[i], u[i]);
     }
 }
 

@@ -226,7 +226,7 @@ int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *a
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < st->n_tok_items; it++)
         prep_item(grp, it, 0);
-    /* 2: gate and up rows, h = silu(g) * u (h overwrites g) */
+    /* 2: gate and up rows, h = act(g) * u (h overwrites g) */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < st->n_f_items; it++) {
         const group *G = &grp[group_of(grp, ng, it, 0)];
@@ -237,7 +237,7 @@ int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *a
         mx_linear_rows_batch(G->up, &G->bx, uu, F, r0, r1);
         for (int64_t t = 0; t < G->n; t++)
             for (int64_t r = r0; r < r1; r++)
-                gg[t * F + r] = mx_silu(gg[t * F + r]) * uu[t * F + r];
+                gg[t * F + r] = mx_glu(j->act, gg[t * F + r], uu[t * F + r]);
     }
     /* 3: prepare each group's h rows */
 #pragma omp for schedule(dynamic, 1)

@@ -34,7 +34,13 @@
  * MLP running beside the experts). */
 #define MX_MOE_MAX_EXTRA 2
 
-/* A SwiGLU MLP: down(silu(gate x) * up x).  Gate/up [ff, d], down [d, ff]. */
+/* The gate's activation of a gated MLP: down(act(gate x) * up x). */
+typedef enum mx_act {
+    MX_ACT_SILU,       /* x * sigmoid(x) (SwiGLU: most families) */
+    MX_ACT_GELU_TANH,  /* GELU, tanh approximation (GeGLU: Gemma) */
+} mx_act;
+
+/* A gated MLP: down(act(gate x) * up x).  Gate/up [ff, d], down [d, ff]. */
 typedef struct mx_mlp {
     mx_linear gate, up, down;
 } mx_mlp;
@@ -86,6 +92,7 @@ typedef struct mx_router {
     float norm_eps;                /* sigmoid: added to the sum when renormalising */
     float jitter;                  /* sparsemixer: router_jitter_noise */
     const float *bias;             /* sigmoid: [E] choice bias (e_score_correction_bias), or NULL */
+    const float *expert_scale;     /* [E] each chosen expert's weight times this (Gemma 4), or NULL */
 } mx_router;
 
 /* Routes one token from its router logits[n]. */
@@ -103,6 +110,7 @@ typedef struct mx_moe_job {
     int n_extra;
     const mx_mlp *extra[MX_MOE_MAX_EXTRA];
     const float *extra_w[MX_MOE_MAX_EXTRA];   /* [T] weight per token; NULL: 1 */
+    mx_act act;                    /* the gates' activation (SiLU unless set) */
     const float *x;
     int64_t T, d_model;
     float *out;
@@ -156,6 +164,7 @@ typedef struct mx_moe_plan {
     float w[MX_MAX_TOPK + MX_MOE_MAX_EXTRA];
     int64_t off[MX_MAX_TOPK + MX_MOE_MAX_EXTRA + 1];   /* expert j's rows of h: [off[j], off[j+1]) */
     int64_t d_model;
+    mx_act act;
 } mx_moe_plan;
 
 /* The plan of a one-token job. */
@@ -203,5 +212,18 @@ int mx_moe_run(const mx_moe_job *j, mx_err *e);
 
 /* silu(x) = x * sigmoid(x), as torch computes it in float32. */
 static inline float mx_silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
+
+/* GELU with the tanh approximation, as torch's gelu(approximate="tanh"). */
+static inline float mx_gelu_tanh(float x)
+{
+    const float k = 0.7978845608028654f;   /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + __builtin_tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+/* act(g) * u, the gated MLP's hidden value. */
+static inline float mx_glu(mx_act act, float g, float u)
+{
+    return (act == MX_ACT_GELU_TANH ? mx_gelu_tanh(g) : mx_silu(g)) * u;
+}
 
 #endif

@@ -136,4 +136,7 @@ void mx_moe_route(const mx_router *rt, const float *logits, int n, mx_route *out
     case MX_ROUTER_SIGMOID: route_sigmoid(rt, logits, n, out); break;
     case MX_ROUTER_SPARSEMIXER: route_sparsemixer(rt, logits, n, out); break;
     }
+    if (rt->expert_scale)
+        for (int j = 0; j < out->k; j++)
+            out->w[j] *= rt->expert_scale[out->idx[j]];
 }

@@ -132,7 +132,8 @@ int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e)
     cJSON_AddNumberToObject(c, "max_position_embeddings", P->max_position);
     cJSON_AddNumberToObject(c, "num_experts_per_tok", P->top_k);
     /* the family's own keys (expert counts, routing flags, windows) */
-    plan->fam->synth_config(P, c);
+    if (plan->fam->synth_config)
+        plan->fam->synth_config(P, c);
     cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(c, "output_router_logits", 0);
     cJSON_AddNumberToObject(c, "initializer_range", 0.02);
