@@ -18,6 +18,7 @@
 static const char *const fixtures[] = {
     "qwen2_moe_tiny_chat", "qwen2_moe_gqa_mixed", "qwen3_moe_tiny", "mixtral_tiny", "olmoe_tiny",
     "dots1_tiny", "phimoe_tiny", "qwen3_vl_moe_tiny", "minimax_tiny", "gemma4_tiny",
+    "qwen3_next_tiny", "lfm2_moe_tiny",
 };
 
 static const mx_tensor *ref(const mx_st_set *r, const char *name)

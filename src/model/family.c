@@ -8,7 +8,8 @@
 
 extern const mx_family mx_family_qwen2_moe, mx_family_qwen3_moe, mx_family_mixtral,
     mx_family_olmoe, mx_family_dots1, mx_family_phimoe, mx_family_qwen3_vl_moe,
-    mx_family_minimax, mx_family_gemma4_text, mx_family_gemma4;
+    mx_family_minimax, mx_family_gemma4_text, mx_family_gemma4, mx_family_qwen3_next,
+    mx_family_lfm2_moe;
 
 /* The table: one row per family. */
 static const mx_family *const table[] = {
@@ -22,6 +23,8 @@ static const mx_family *const table[] = {
     &mx_family_minimax,
     &mx_family_gemma4_text,
     &mx_family_gemma4,
+    &mx_family_qwen3_next,
+    &mx_family_lfm2_moe,
 };
 #define N_FAMILIES (int)(sizeof table / sizeof table[0])
 
@@ -48,6 +51,18 @@ static const mx_names default_names = {
     .mlp_proj = {"gate_proj", "up_proj", "down_proj"},
     .shared = "shared_expert",
     .shared_gate = "shared_expert_gate",
+    .deltanet = "linear_attn",
+    .dn_qkvz = "in_proj_qkvz",
+    .dn_ba = "in_proj_ba",
+    .dn_conv = "conv1d",
+    .dn_a_log = "A_log",
+    .dn_dt_bias = "dt_bias",
+    .dn_norm = "norm",
+    .dn_out = "out_proj",
+    .shortconv = "conv",
+    .sc_in = "in_proj",
+    .sc_conv = "conv",
+    .sc_out = "out_proj",
 };
 
 /* The table's rows with every NULL name replaced by its default, made once. */

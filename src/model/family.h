@@ -70,6 +70,14 @@ typedef struct mx_names {
     const char *mlp_proj[3];       /* gate, up, down of an MLP / shared expert (same defaults) */
     const char *shared;            /* the shared expert ("shared_expert") */
     const char *shared_gate;       /* its sigmoid gate ("shared_expert_gate") */
+    /* linear-attention layers (layer_types "linear_attention"): the block
+     * ("linear_attn") and its tensors */
+    const char *deltanet;
+    const char *dn_qkvz, *dn_ba, *dn_conv, *dn_a_log, *dn_dt_bias, *dn_norm, *dn_out;
+    /* short-convolution layers (layer_types "conv"): the block ("conv") and
+     * its tensors */
+    const char *shortconv;
+    const char *sc_in, *sc_conv, *sc_out;
 } mx_names;
 
 /* A published architecture's shape, for `mlxcel synth`. */
@@ -99,12 +107,14 @@ struct mx_family {
     mx_norm_kind norm;
     mx_qk_norm qk_norm;
     mx_router_kind router;
+    float router_norm_eps;         /* sigmoid routers: added to the sum when renormalising */
     mx_shared_kind shared_expert;  /* may have a shared expert, of this kind */
     int parallel_dense;            /* MoE layers also run a dense MLP beside the experts,
                                       each branch with its own norms (Gemma 4) */
     int v_norm;                    /* v heads get a weightless RMSNorm (Gemma 4) */
     float attn_scale;              /* attention's score scale (0: head_dim^-0.5) */
     int embed_scale;               /* embeddings times sqrt(hidden) (Gemma) */
+    int attn_out_gate;             /* q_proj also gives a sigmoid gate of each head's output (Qwen3-Next) */
     /* synth: presets (NULL-terminated by name) and the family's own
      * config.json keys */
     const mx_preset *presets;

@@ -56,6 +56,7 @@ const mx_family mx_family_dots1 = {
               .shared = "shared_experts"},
     .qk_norm = MX_QK_NORM_HEAD,
     .router = MX_ROUTER_SIGMOID,
+    .router_norm_eps = 1e-20f,
     .shared_expert = MX_SHARED_PLAIN,
     .synth_config = synth_config,
 };

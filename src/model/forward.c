@@ -70,6 +70,12 @@ typedef struct pass {
     float *out;                  /* [T, d] a block's output */
     float *out2, *rin, *xn2;     /* [T, d] parallel layers: the dense branch, the router's and
                                     the experts' inputs (T > 1) */
+    /* recurrent layers: the input projections, the convolution's output,
+     * the mixed output ([T, widest of each]); runs of consecutive tokens
+     * of one sequence (a prompt is one run, a batched step T runs of 1) */
+    float *mix_in, *mix_in2, *mix_conv, *mix_out;
+    int64_t *run_t0, *run_n;
+    int n_runs;
     float *router;               /* [T, E] router logits (T > 1) */
     float *gate;                 /* [T] shared-expert weights (T > 1) */
     mx_route *routes;            /* [T] (T > 1) */
@@ -98,6 +104,7 @@ typedef struct lane {
     mx_route route;              /* T == 1: its route */
     float gate;                  /* T == 1: its shared-expert weight */
     int64_t rfull_t;             /* token whose full-width q/k norm factors are cached */
+    float *dn_buf;               /* DeltaNet: a run's q, k, v, g, beta and the chunk scratch */
     float rq, rk;
 } lane;
 
@@ -265,7 +272,10 @@ static void head_in(pass *p, lane *ln, int l, int64_t t, int is_k, int head, flo
     const mx_attn *a = &m->layers[l].attn;
     const int hd = a->head_dim;
     const float c = (float)m->cfg.clip_qkv;
-    const float *src = is_k ? p->k + t * a->kv_dim + head * hd : p->q + t * a->q_dim + head * hd;
+    /* a q row per token is q_proj's rows: per head [q | gate] when the
+     * layer gates its output */
+    const float *src = is_k ? p->k + t * a->kv_dim + head * hd
+                            : p->q + t * a->q.rows + head * (a->out_gate ? 2 * hd : hd);
     const float *norm = is_k ? a->k_norm : a->q_norm;
     for (int i = 0; i < hd; i++)
         dst[i] = c > 0 ? fminf(fmaxf(src[i], -c), c) : src[i];
@@ -273,7 +283,7 @@ static void head_in(pass *p, lane *ln, int l, int64_t t, int is_k, int head, flo
         mx_rmsnorm(dst, dst, norm, hd, m->eps);
     } else if (m->fam->qk_norm == MX_QK_NORM_FULL) {
         if (ln->rfull_t != t) {   /* once per token and thread, not per head */
-            ln->rq = rms_inv_clipped(p->q + t * a->q_dim, a->q_dim, c, m->eps);
+            ln->rq = rms_inv_clipped(p->q + t * a->q.rows, a->q_dim, c, m->eps);
             ln->rk = rms_inv_clipped(p->k + t * a->kv_dim, a->kv_dim, c, m->eps);
             ln->rfull_t = t;
         }
@@ -283,6 +293,19 @@ static void head_in(pass *p, lane *ln, int l, int64_t t, int is_k, int head, flo
     }
     const int dims = m->ropes[a->rope].dims;
     mx_rope_apply(dst, dims, p->rope[a->rope] + t * dims);
+}
+
+/* Qwen3-Next's gated attention: head h of token t's output times
+ * sigmoid of its gate (the second half of the head's q_proj rows). */
+static void out_gate(pass *p, const mx_attn *a, int64_t t, int h)
+{
+    if (!a->out_gate)
+        return;
+    const int hd = a->head_dim;
+    const float *g = p->q + t * a->q.rows + (int64_t)h * 2 * hd + hd;
+    float *o = p->att + t * a->q_dim + (int64_t)h * hd;
+    for (int i = 0; i < hd; i++)
+        o[i] *= 1.0f / (1.0f + expf(-g[i]));
 }
 
 /* p->out[T, d] = o_proj(attention) of the normed stream; k and v of the T
@@ -339,6 +362,7 @@ static void attention_block(pass *p, lane *ln, int l)
             const int pos = p->ts.pos[0], kvh = (int)h / group;
             mx_attend_head(p->qr + h * hd, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0),
                            mx_attn_start(a, pos), pos, hd, scale, ln->scores, p->att + h * hd);
+            out_gate(p, a, 0, (int)h);
         }
 #pragma omp barrier
     } else {
@@ -349,6 +373,7 @@ static void attention_block(pass *p, lane *ln, int l)
             mx_seq *s = p->ts.seq[t];
             mx_attend_head(p->qr + i * hd, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0),
                            mx_attn_start(a, pos), pos, hd, scale, ln->scores, p->att + i * hd);
+            out_gate(p, a, t, h);
         }
     }
     /* D: o rows */
@@ -357,6 +382,149 @@ static void attention_block(pass *p, lane *ln, int l)
     input_ready(p, ln, p->att, a->q_dim, gs_of(&a->o), t0, t1);
     my_rows(p, ln, a->o.rows, &r0, &r1);
     linear_rows(ln, p, &a->o, p->out, m->d, r0, r1);
+#pragma omp barrier
+}
+
+/* ---- recurrent mixers ------------------------------------------------------------ */
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* Gated DeltaNet (Qwen3-Next's linear attention): p->out[T, d].
+ *   A  in_proj_qkvz and in_proj_ba rows                        barrier
+ *   B  the causal convolution + SiLU, channels split            barrier
+ *   C  per value head: L2 norms, decay and beta, the delta rule
+ *      (chunked over a prompt, token by token otherwise), the
+ *      gated RMSNorm with z                                     barrier
+ *   D  out_proj rows                                            barrier */
+static void deltanet_block(pass *p, lane *ln, int l)
+{
+    mx_model *m = p->m;
+    const mx_deltanet *dn = &m->layers[l].dn;
+    const int64_t T = p->T;
+    const int dk = dn->dk, dv = dn->dv, r = dn->nv / dn->nk, K = dn->K;
+    const int64_t kd = (int64_t)dn->nk * dk, vd = (int64_t)dn->nv * dv, W = 2 * dk + 2 * (int64_t)r * dv;
+    const int64_t qkvz_rows = dn->qkvz.rows, ba_rows = dn->ba.rows;
+    int64_t r0, r1;
+    /* A */
+    const mx_linear *lin[2] = {&dn->qkvz, &dn->ba};
+    float *const out2[2] = {p->mix_in, p->mix_in2};
+    my_rows(p, ln, qkvz_rows + ba_rows, &r0, &r1);
+    stacked_rows(ln, p, 2, lin, out2, r0, r1);
+#pragma omp barrier
+    /* B: conv channel c reads its value from the per-key-head grouping of
+     * the projection: [q | k | v] flattened, as transformers reorders it */
+    long c0, c1;
+    mx_split((long)dn->conv_dim, ln->ith, ln->nth, &c0, &c1);
+    for (long c = c0; c < c1; c++) {
+        int64_t src;
+        if (c < kd)
+            src = (c / dk) * W + c % dk;
+        else if (c < 2 * kd)
+            src = ((c - kd) / dk) * W + dk + (c - kd) % dk;
+        else {
+            const int64_t vc = c - 2 * kd, h = vc / dv;
+            src = (h / r) * W + 2 * dk + (h % r) * dv + vc % dv;
+        }
+        for (int ri = 0; ri < p->n_runs; ri++) {
+            const int64_t t0 = p->run_t0[ri];
+            mx_seq *s = p->ts.seq[t0];
+            float *win = s->state + s->state_off[l] + (size_t)c * (size_t)(K - 1);
+            mx_conv_causal(dn->conv_w + c * K, K, 0.0f, win, p->mix_in + t0 * qkvz_rows + src, qkvz_rows,
+                           p->run_n[ri], p->mix_conv + t0 * dn->conv_dim + c, dn->conv_dim);
+        }
+        for (int64_t t = 0; t < T; t++) {
+            float *o = p->mix_conv + t * dn->conv_dim + c;
+            *o = mx_silu(*o);
+        }
+    }
+#pragma omp barrier
+    /* C: (run, value head) items */
+    const long items = (long)p->n_runs * dn->nv;
+    long i0, i1;
+    mx_split(items, ln->ith, ln->nth, &i0, &i1);
+    for (long it = i0; it < i1; it++) {
+        const int ri = (int)(it / dn->nv), h = (int)(it % dn->nv), hk = h / r;
+        const int64_t t0 = p->run_t0[ri], n = p->run_n[ri];
+        mx_seq *s = p->ts.seq[t0];
+        float *q = ln->dn_buf, *k = q + n * dk, *v = k + n * dk, *g = v + n * dv, *beta = g + n;
+        float *scr = beta + n;
+        const float qs = 1.0f / sqrtf((float)dk), A = expf(dn->A_log[h]);
+        for (int64_t i = 0; i < n; i++) {
+            const float *cv = p->mix_conv + (t0 + i) * dn->conv_dim;
+            memcpy(q + i * dk, cv + hk * dk, sizeof(float) * (size_t)dk);
+            memcpy(k + i * dk, cv + kd + hk * dk, sizeof(float) * (size_t)dk);
+            memcpy(v + i * dv, cv + 2 * kd + (int64_t)h * dv, sizeof(float) * (size_t)dv);
+            mx_l2norm(q + i * dk, dk, 1e-6f);
+            mx_l2norm(k + i * dk, dk, 1e-6f);
+            for (int a = 0; a < dk; a++)
+                q[i * dk + a] *= qs;
+            const float *ba = p->mix_in2 + (t0 + i) * ba_rows + (int64_t)hk * 2 * r;
+            beta[i] = 1.0f / (1.0f + expf(-ba[h % r]));
+            g[i] = -A * softplus(ba[r + h % r] + dn->dt_bias[h]);
+        }
+        mx_delta_run run = {.n = n, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .g = g, .beta = beta,
+                            .out = p->mix_out + t0 * vd + (int64_t)h * dv, .out_stride = vd};
+        float *S = s->state + s->state_off[l] + (size_t)dn->conv_dim * (size_t)(K - 1) +
+                   (size_t)h * (size_t)dk * (size_t)dv;
+        if (n > 1)
+            mx_delta_chunked(&run, S, scr);
+        else
+            mx_delta_recurrent(&run, S);
+        /* the gated RMSNorm: rmsnorm(o) * w * silu(z) */
+        for (int64_t i = 0; i < n; i++) {
+            float *o = p->mix_out + (t0 + i) * vd + (int64_t)h * dv;
+            const float *z = p->mix_in + (t0 + i) * qkvz_rows + hk * W + 2 * dk + (int64_t)r * dv +
+                             (int64_t)(h % r) * dv;
+            const float rr = mx_rms_inv(o, dv, m->eps);
+            for (int e = 0; e < dv; e++)
+                o[e] = dn->norm_w[e] * (o[e] * rr) * mx_silu(z[e]);
+        }
+    }
+#pragma omp barrier
+    /* D */
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    input_ready(p, ln, p->mix_out, vd, gs_of(&dn->out), t0, t1);
+    my_rows(p, ln, dn->out.rows, &r0, &r1);
+    linear_rows(ln, p, &dn->out, p->out, m->d, r0, r1);
+#pragma omp barrier
+}
+
+/* LFM2's short convolution: p->out = out_proj(C * conv(B * x)).
+ *   A  in_proj rows (B, C, x)                                   barrier
+ *   B  B * x through the causal convolution, times C, channels
+ *      split                                                    barrier
+ *   C  out_proj rows                                            barrier */
+static void shortconv_block(pass *p, lane *ln, int l)
+{
+    mx_model *m = p->m;
+    const mx_shortconv *sc = &m->layers[l].sc;
+    const int64_t T = p->T, d = m->d, rows = sc->in.rows;
+    int64_t r0, r1;
+    my_rows(p, ln, rows, &r0, &r1);
+    linear_rows(ln, p, &sc->in, p->mix_in, rows, r0, r1);
+#pragma omp barrier
+    long c0, c1;
+    mx_split((long)d, ln->ith, ln->nth, &c0, &c1);
+    for (long c = c0; c < c1; c++) {
+        for (int64_t t = 0; t < T; t++)   /* B * x */
+            p->mix_conv[t * d + c] = p->mix_in[t * rows + c] * p->mix_in[t * rows + 2 * d + c];
+        for (int ri = 0; ri < p->n_runs; ri++) {
+            const int64_t t0 = p->run_t0[ri];
+            mx_seq *s = p->ts.seq[t0];
+            float *win = s->state + s->state_off[l] + (size_t)c * (size_t)(sc->L - 1);
+            mx_conv_causal(sc->conv_w + c * sc->L, sc->L, sc->conv_b ? sc->conv_b[c] : 0.0f, win,
+                           p->mix_conv + t0 * d + c, d, p->run_n[ri], p->mix_out + t0 * d + c, d);
+        }
+        for (int64_t t = 0; t < T; t++)   /* times C */
+            p->mix_out[t * d + c] *= p->mix_in[t * rows + d + c];
+    }
+#pragma omp barrier
+    int64_t t0, t1;
+    my_tokens(p, ln, &t0, &t1);
+    input_ready(p, ln, p->mix_out, d, gs_of(&sc->out), t0, t1);
+    my_rows(p, ln, sc->out.rows, &r0, &r1);
+    linear_rows(ln, p, &sc->out, p->out, d, r0, r1);
 #pragma omp barrier
 }
 
@@ -516,6 +684,14 @@ static void residual_add(pass *p, lane *ln, int l, const float *delta)
     trace_hidden(p, ln, l + 1);
 }
 
+/* The group size the mixer's first matrices read x with. */
+static int mixer_gs(const mx_layer *L)
+{
+    return gs_of(L->mixer == MX_MIXER_DELTANET    ? &L->dn.qkvz
+                 : L->mixer == MX_MIXER_SHORTCONV ? &L->sc.in
+                                                  : &L->attn.q);
+}
+
 /* The group size the feed-forward's first matrices read x with. */
 static int ffn_gs(const mx_layer *L)
 {
@@ -585,8 +761,13 @@ static void forward_pass(pass *p, lane *ln)
     int rc = MX_OK;
     for (int l = 0; l < m->n_layers && !rc; l++) {
         const mx_layer *L = &m->layers[l];
-        residual_norm(p, ln, NULL, NULL, &L->attn_norm, gs_of(&L->attn.q));
-        attention_block(p, ln, l);
+        residual_norm(p, ln, NULL, NULL, &L->attn_norm, mixer_gs(L));
+        if (L->mixer == MX_MIXER_DELTANET)
+            deltanet_block(p, ln, l);
+        else if (L->mixer == MX_MIXER_SHORTCONV)
+            shortconv_block(p, ln, l);
+        else
+            attention_block(p, ln, l);
         residual_norm(p, ln, p->out, &L->attn_out_norm, &L->ffn_norm, ffn_gs(L));
         const float *delta;
         rc = ffn_block(p, ln, l, &delta);
@@ -646,19 +827,36 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
     int64_t qd = 1, kvd = 1;   /* the widest q and k/v projections of any layer */
     for (int l = 0; l < m->n_layers; l++) {
         const mx_attn *at = &m->layers[l].attn;
-        qd = at->q_dim > qd ? at->q_dim : qd;
+        qd = at->q.rows > qd ? at->q.rows : qd;
         kvd = at->kv_dim > kvd ? at->kv_dim : kvd;
+    }
+    /* the recurrent mixers' widest buffers */
+    int64_t w_in = 0, w_in2 = 0, w_conv = 0, w_out = 0, dn_lane = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_layer *L = &m->layers[l];
+        if (L->mixer == MX_MIXER_DELTANET) {
+            const mx_deltanet *dn = &L->dn;
+            w_in = dn->qkvz.rows > w_in ? dn->qkvz.rows : w_in;
+            w_in2 = dn->ba.rows > w_in2 ? dn->ba.rows : w_in2;
+            w_conv = dn->conv_dim > w_conv ? dn->conv_dim : w_conv;
+            w_out = (int64_t)dn->nv * dn->dv > w_out ? (int64_t)dn->nv * dn->dv : w_out;
+            const int64_t lanef = T * (2 * dn->dk + dn->dv + 2) + (int64_t)mx_delta_chunk_floats(dn->dk, dn->dv);
+            dn_lane = lanef > dn_lane ? lanef : dn_lane;
+        } else if (L->mixer == MX_MIXER_SHORTCONV) {
+            w_in = L->sc.in.rows > w_in ? L->sc.in.rows : w_in;
+            w_conv = d > w_conv ? d : w_conv;
+            w_out = d > w_out ? d : w_out;
+        }
     }
     const int64_t wide = qd > d ? qd : d;
     size_t total = 0, batch = 0;
-    for (int gs = 32; T > 1 && gs <= 128; gs *= 2) {
-        size_t b = mx_batch_bytes(T, wide, gs);
-        if (wide % gs == 0 && b > batch)
-            batch = b;
-        b = mx_batch_bytes(T, d, gs);
-        if (d % gs == 0 && b > batch)
-            batch = b;
-    }
+    const int64_t widths[3] = {wide, d, w_out};   /* the columns a prepared input can have */
+    for (int gs = 32; T > 1 && gs <= 128; gs *= 2)
+        for (int i = 0; i < 3; i++) {
+            const size_t b = mx_batch_bytes(T, widths[i], gs);
+            if (widths[i] > 0 && widths[i] % gs == 0 && b > batch)
+                batch = b;
+        }
     const size_t f = sizeof(float);
     p->x = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
     p->xn = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
@@ -667,6 +865,12 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
     p->v = carve(a, &total, (size_t)(T * kvd) * f);
     p->qr = carve(a, &total, (size_t)(T * qd) * f);
     p->att = carve(a, &total, (size_t)(T * qd) * f);
+    p->mix_in = carve(a, &total, (size_t)(T * w_in) * f);
+    p->mix_in2 = carve(a, &total, (size_t)(T * w_in2) * f);
+    p->mix_conv = carve(a, &total, (size_t)(T * w_conv) * f);
+    p->mix_out = carve(a, &total, (size_t)(T * w_out) * f);
+    p->run_t0 = carve(a, &total, (size_t)T * sizeof(int64_t));
+    p->run_n = carve(a, &total, (size_t)T * sizeof(int64_t));
     p->out = carve(a, &total, (size_t)(T * d) * f);
     p->out2 = carve(a, &total, (size_t)(T * d) * f);
     p->rin = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
@@ -679,7 +883,7 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
     lane *ls = carve(a, &total, sizeof(lane) * (size_t)nth);
     if (lanes)
         *lanes = ls;
-    const size_t vec = mx_vec_bytes(wide);
+    const size_t vec = mx_vec_bytes(wide > w_out ? wide : w_out);
     for (int i = 0; i < nth; i++) {
         lane tmp, *ln = ls ? &ls[i] : &tmp;
         memset(ln, 0, sizeof *ln);
@@ -693,6 +897,7 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
         ln->comb = carve(a, &total, (size_t)d * f);
         ln->vec_buf = carve(a, &total, vec);
         ln->vec2_buf = carve(a, &total, mx_vec_bytes(d));
+        ln->dn_buf = carve(a, &total, (size_t)dn_lane * f);
         ln->scores = carve(a, &total, (size_t)p->ts.max_ctx * f);
         ln->router = carve(a, &total, (size_t)E * f);
     }
@@ -716,6 +921,16 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
                        (long long)T, need);
     lane *lanes;
     layout(&p, &lanes, nth, &m->arena);
+    /* runs: consecutive tokens of one sequence at consecutive positions */
+    p.n_runs = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (t && ts->seq[t] == ts->seq[t - 1] && ts->pos[t] == ts->pos[t - 1] + 1) {
+            p.run_n[p.n_runs - 1]++;
+            continue;
+        }
+        p.run_t0[p.n_runs] = t;
+        p.run_n[p.n_runs++] = 1;
+    }
     /* each rope's cos/sin per token; LongRoPE switches to its long factors
      * for a call whose last position is past the original context, as
      * transformers does per forward call */

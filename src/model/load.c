@@ -75,6 +75,27 @@ static int load_vector(mx_model *m, const char *name, int64_t n, int optional, f
     return MX_OK;
 }
 
+/* A float tensor of any shape holding exactly n elements (a convolution
+ * kernel [C, K, 1], a scalar [1]), converted to f32. */
+static int load_floats(mx_model *m, const char *name, int64_t n, float **out, mx_err *e)
+{
+    *out = NULL;
+    const mx_tensor *t = mx_st_find(m->st, name);
+    if (!t)
+        return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, name);
+    if (!mx_dtype_is_float(t->dtype) || mx_tensor_numel(t) != n)
+        return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' must hold %lld F32/F16/BF16 values (has %lld %s)",
+                       t->file, name, (long long)n, (long long)mx_tensor_numel(t),
+                       mx_dtype_name(t->dtype));
+    float *v = own(m, malloc(sizeof *v * (size_t)n));
+    if (!v)
+        return mx_fail(e, MX_ENOMEM, "out of memory loading '%s'", name);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = mx_dtype_get(t->data, t->dtype, i);
+    *out = v;
+    return MX_OK;
+}
+
 static const char *shape_str(const mx_tensor *t, char *buf, size_t cap)
 {
     size_t o = (size_t)snprintf(buf, cap, "[");
@@ -229,7 +250,8 @@ static int layer_is_moe(const mx_config *c, int l)
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         if (c->mlp_only_layers[i] == l)
             return 0;
-    if (l < (int)mx_config_number(c, "first_k_dense_replace", 0))
+    if (l < (int)mx_config_number(c, "first_k_dense_replace", 0) ||
+        l < (int)mx_config_number(c, "num_dense_layers", 0))
         return 0;
     return c->num_experts > 0 && c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
 }
@@ -310,9 +332,10 @@ static int load_attention(mx_model *m, const char *p, int l, mx_attn *a, mx_err 
     a->kv_dim = a->n_kv * a->head_dim;
     a->window = layer_window(c, l);
     a->v_norm = m->fam->v_norm;
+    a->out_gate = m->fam->attn_out_gate;
     a->scale = m->fam->attn_scale > 0 ? m->fam->attn_scale : 1.0f / sqrtf((float)a->head_dim);
     mx_linear *proj[4] = {&a->q, &a->k, &a->v, &a->o};
-    const int64_t rows[4] = {a->q_dim, a->kv_dim, a->kv_dim, m->d};
+    const int64_t rows[4] = {(a->out_gate ? 2 : 1) * (int64_t)a->q_dim, a->kv_dim, a->kv_dim, m->d};
     const int64_t cols[4] = {m->d, m->d, m->d, a->q_dim};
     for (int i = 0; i < 4; i++) {
         if (i == 2 && a->k_eq_v)
@@ -343,6 +366,7 @@ static int load_router_rule(mx_model *m, const char *blk, mx_router *r, mx_err *
     r->topk_group = (int)mx_config_number(c, "topk_group", r->n_group);
     r->scale = (float)mx_config_number(c, "routed_scaling_factor", 1.0);
     r->jitter = (float)mx_config_number(c, "router_jitter_noise", 0.01);
+    r->norm_eps = m->fam->router_norm_eps;
     if (r->n_group < 1 || r->topk_group < 1 || r->topk_group > r->n_group ||
         (r->n_group > 1 && m->n_experts % r->n_group != 0) || r->n_group > 256)
         return mx_fail(e, MX_ECONFIG, "%s/config.json: n_group %d / topk_group %d do not divide %d experts",
@@ -371,6 +395,88 @@ static int load_router_rule(mx_model *m, const char *blk, mx_router *r, mx_err *
     return MX_OK;
 }
 
+/* What mixes the tokens in layer l: layer_types' "linear_attention"
+ * (gated DeltaNet) or "conv" (short convolution), or, without a
+ * layer_types list, DeltaNet except every full_attention_interval-th layer
+ * when the config sets an interval; attention otherwise. */
+static mx_mixer layer_mixer(const mx_config *c, int l)
+{
+    const char *t = layer_type(c, l);
+    if (t)
+        return !strcmp(t, "linear_attention") ? MX_MIXER_DELTANET
+               : !strcmp(t, "conv")           ? MX_MIXER_SHORTCONV
+                                              : MX_MIXER_ATTENTION;
+    const int every = (int)mx_config_number(c, "full_attention_interval", 0);
+    if (every > 0)
+        return (l + 1) % every ? MX_MIXER_DELTANET : MX_MIXER_ATTENTION;
+    return MX_MIXER_ATTENTION;
+}
+
+static int load_deltanet(mx_model *m, const char *p, mx_deltanet *dn, mx_err *e)
+{
+    const mx_config *c = &m->cfg;
+    const mx_names *nm = &m->fam->names;
+    dn->nk = (int)mx_config_number(c, "linear_num_key_heads", 0);
+    dn->nv = (int)mx_config_number(c, "linear_num_value_heads", 0);
+    dn->dk = (int)mx_config_number(c, "linear_key_head_dim", 0);
+    dn->dv = (int)mx_config_number(c, "linear_value_head_dim", 0);
+    dn->K = (int)mx_config_number(c, "linear_conv_kernel_dim", 4);
+    if (dn->nk <= 0 || dn->nv <= 0 || dn->nv % dn->nk || dn->dk <= 0 || dn->dv <= 0 ||
+        dn->K < 1 || dn->K > 64)
+        return mx_fail(e, MX_ECONFIG, "%s/config.json: linear attention needs linear_num_key_heads, "
+                       "linear_num_value_heads (a multiple), linear_key_head_dim, linear_value_head_dim "
+                       "and linear_conv_kernel_dim (1..64)", m->dir);
+    const int64_t kd = (int64_t)dn->nk * dn->dk, vd = (int64_t)dn->nv * dn->dv;
+    dn->conv_dim = (int)(2 * kd + vd);
+    char b[NAME_MAX_LEN], n[NAME_MAX_LEN];
+    int rc;
+    tname(b, "%s.%s", p, nm->deltanet);
+    tname(n, "%s.%s", b, nm->dn_qkvz);
+    if ((rc = load_linear(m, n, 2 * kd + 2 * vd, m->d, &dn->qkvz, e)))
+        return rc;
+    tname(n, "%s.%s", b, nm->dn_ba);
+    if ((rc = load_linear(m, n, 2 * dn->nv, m->d, &dn->ba, e)))
+        return rc;
+    tname(n, "%s.%s", b, nm->dn_out);
+    if ((rc = load_linear(m, n, m->d, vd, &dn->out, e)))
+        return rc;
+    tname(n, "%s.%s.weight", b, nm->dn_conv);
+    if ((rc = load_floats(m, n, (int64_t)dn->conv_dim * dn->K, &dn->conv_w, e)))
+        return rc;
+    tname(n, "%s.%s", b, nm->dn_a_log);
+    if ((rc = load_floats(m, n, dn->nv, &dn->A_log, e)))
+        return rc;
+    tname(n, "%s.%s", b, nm->dn_dt_bias);
+    if ((rc = load_floats(m, n, dn->nv, &dn->dt_bias, e)))
+        return rc;
+    tname(n, "%s.%s.weight", b, nm->dn_norm);
+    return load_floats(m, n, dn->dv, &dn->norm_w, e);
+}
+
+static int load_shortconv(mx_model *m, const char *p, mx_shortconv *sc, mx_err *e)
+{
+    const mx_names *nm = &m->fam->names;
+    sc->L = (int)mx_config_number(&m->cfg, "conv_L_cache", 3);
+    if (sc->L < 1 || sc->L > 64)
+        return mx_fail(e, MX_ECONFIG, "%s/config.json: conv_L_cache %d is not in 1..64", m->dir, sc->L);
+    char b[NAME_MAX_LEN], n[NAME_MAX_LEN];
+    int rc;
+    tname(b, "%s.%s", p, nm->shortconv);
+    tname(n, "%s.%s", b, nm->sc_in);
+    if ((rc = load_linear(m, n, 3 * (int64_t)m->d, m->d, &sc->in, e)))
+        return rc;
+    tname(n, "%s.%s", b, nm->sc_out);
+    if ((rc = load_linear(m, n, m->d, m->d, &sc->out, e)))
+        return rc;
+    tname(n, "%s.%s.weight", b, nm->sc_conv);
+    if ((rc = load_floats(m, n, (int64_t)m->d * sc->L, &sc->conv_w, e)))
+        return rc;
+    tname(n, "%s.%s.bias", b, nm->sc_conv);
+    if (mx_st_find(m->st, n) && (rc = load_floats(m, n, m->d, &sc->conv_b, e)))
+        return rc;
+    return MX_OK;
+}
+
 static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
 {
     const mx_names *nm = &m->fam->names;
@@ -383,7 +489,14 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
         (rc = load_norm_opt(m, p, nm->attn_out_norm, &L->attn_out_norm, e)) ||
         (rc = load_norm_opt(m, p, nm->ffn_out_norm, &L->ffn_out_norm, e)))
         return rc;
-    if ((rc = load_attention(m, p, l, &L->attn, e)))
+    L->mixer = layer_mixer(&m->cfg, l);
+    if (L->mixer == MX_MIXER_DELTANET)
+        rc = load_deltanet(m, p, &L->dn, e);
+    else if (L->mixer == MX_MIXER_SHORTCONV)
+        rc = load_shortconv(m, p, &L->sc, e);
+    else
+        rc = load_attention(m, p, l, &L->attn, e);
+    if (rc)
         return rc;
     L->scalar = 1.0f;
     if (nm->layer_scalar) {

@@ -54,9 +54,37 @@ typedef struct mx_attn {
     int rope;                    /* index into the model's ropes */
     int window;                  /* attends to the last `window` positions (0: all) */
     int k_eq_v;                  /* no v projection: v is the raw k projection (Gemma 4 full layers) */
+    int out_gate;                /* q_proj also gives a gate per head: out * sigmoid(gate) (Qwen3-Next) */
     int v_norm;                  /* v heads get a weightless RMSNorm */
     float scale;                 /* the scores' scale */
 } mx_attn;
+
+/* A gated DeltaNet layer (Qwen3-Next's linear attention): per key head,
+ * in_proj_qkvz gives [q dk | k dk | v r*dv | z r*dv] and in_proj_ba
+ * [b r | a r] (r = nv / nk value heads per key head); q, k, v go through a
+ * depthwise causal convolution + SiLU; q and k are L2-normalised; each
+ * value head keeps a dk x dv state S updated per token by the gated delta
+ * rule S = S * exp(g); S += k (beta (v - S^T k))^T, out = S^T q / sqrt(dk);
+ * the output is rmsnorm(out) * norm * silu(z), then out_proj. */
+typedef struct mx_deltanet {
+    mx_linear qkvz, ba, out;     /* [2*nk*dk + 2*nv*dv, d], [2*nv, d], [d, nv*dv] */
+    float *conv_w;               /* [conv_dim][K] (conv_dim = 2*nk*dk + nv*dv) */
+    float *A_log, *dt_bias;      /* [nv] */
+    float *norm_w;               /* [dv] the gated RMSNorm's weight */
+    int nk, nv, dk, dv, K, conv_dim;
+} mx_deltanet;
+
+/* A short-convolution layer (LFM2): in_proj gives B, C, x (d each); out =
+ * out_proj(C * conv(B * x)) with a depthwise causal convolution of L taps. */
+typedef struct mx_shortconv {
+    mx_linear in, out;           /* [3d, d], [d, d] */
+    float *conv_w;               /* [d][L] */
+    float *conv_b;               /* [d] or NULL */
+    int L;
+} mx_shortconv;
+
+/* What mixes the tokens of a layer. */
+typedef enum mx_mixer { MX_MIXER_ATTENTION, MX_MIXER_DELTANET, MX_MIXER_SHORTCONV } mx_mixer;
 
 typedef struct mx_moe_block {
     mx_linear router;            /* [E, d] */
@@ -70,7 +98,10 @@ typedef struct mx_moe_block {
 } mx_moe_block;
 
 typedef struct mx_layer {
-    mx_norm attn_norm, ffn_norm; /* the inputs of attention and of the feed-forward */
+    mx_norm attn_norm, ffn_norm; /* the inputs of the mixer (attention ...) and the feed-forward */
+    mx_mixer mixer;
+    mx_deltanet dn;              /* when mixer is DELTANET */
+    mx_shortconv sc;             /* when mixer is SHORTCONV */
     mx_norm attn_out_norm;       /* attention's output before the residual add (w NULL: none) */
     mx_norm ffn_out_norm;        /* the feed-forward's output (w NULL: none) */
     /* parallel layers (Gemma 4): MoE and the dense MLP on the same stream,
@@ -126,17 +157,31 @@ uint64_t mx_model_param_count(const mx_model *m);
 /* KV cache bytes for n_ctx tokens. */
 uint64_t mx_model_kv_bytes(const mx_model *m, int n_ctx);
 
-/* A sequence: KV cache and position. */
+/* A sequence: its position and, per layer, what it remembers of the tokens
+ * so far: a KV cache (attention layers) or a recurrent state (convolution
+ * windows, DeltaNet matrices).  A recurrent state cannot be rewound, so a
+ * sequence with one can only go back to position 0 (mx_seq_rewind). */
 typedef struct mx_seq {
     const mx_model *m;
     int n_ctx, pos;
     float *k, *v;                /* per layer l, at kv_off[l]: [n_kv][n_ctx][head_dim] of that layer */
     size_t *kv_off;              /* [n_layers] offsets into k and v, in floats */
+    float *state;                /* per layer l, at state_off[l]: its recurrent state */
+    size_t *state_off;           /* [n_layers + 1] offsets into state, in floats */
 } mx_seq;
 
 int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e);
 void mx_seq_free(mx_seq *s);
+/* Back to position 0 (the recurrent state cleared). */
 void mx_seq_reset(mx_seq *s);
+/* Keeps the first `pos` tokens (pos <= s->pos) and returns how many were
+ * kept: pos for a model of attention layers alone, else pos only when it
+ * is the current position (nothing to undo) and 0 otherwise (the state is
+ * cleared: the caller feeds the tokens again). */
+int mx_seq_rewind(mx_seq *s, int pos);
+/* Floats of recurrent state one sequence of this model keeps (0 for
+ * attention-only models). */
+size_t mx_model_state_floats(const mx_model *m);
 
 /* Optional outputs of a forward call, for tests and tools. */
 typedef struct mx_forward_trace {

@@ -102,6 +102,37 @@ void mx_attend_head(const float *q, const float *K, const float *V, int start, i
  * the normal range, 0 below it; for tests. */
 float mx_expf_neg(float x);
 
+/* ---- recurrent layers (recurrent.c) ---------------------------------------- */
+
+/* Depthwise causal convolution of one channel over n new inputs x[i * sx]
+ * with kernel w[K] (oldest tap first) and bias: out[i * so].  win holds the
+ * channel's previous K-1 inputs (oldest first) and is updated. */
+void mx_conv_causal(const float *w, int K, float bias, float *win, const float *x, int64_t sx,
+                    int64_t n, float *out, int64_t so);
+
+/* x[n] /= sqrt(sum x^2 + eps), as transformers' l2norm. */
+void mx_l2norm(float *x, int n, float eps);
+
+/* n tokens of one value head through the gated delta rule: q and k [n][dk]
+ * (L2-normalised, q scaled by 1/sqrt(dk)), v [n][dv], the log decay g[n]
+ * and beta[n]; out[t * out_stride + e]. */
+typedef struct mx_delta_run {
+    int64_t n;
+    int dk, dv;
+    const float *q, *k, *v, *g, *beta;
+    float *out;
+    int64_t out_stride;
+} mx_delta_run;
+
+#define MX_DELTA_CHUNK 64
+
+/* Token by token (decode): S [dk][dv] is the head's state, updated. */
+void mx_delta_recurrent(const mx_delta_run *r, float *S);
+/* The same in chunks of MX_DELTA_CHUNK tokens (prefill), with
+ * mx_delta_chunk_floats(dk, dv) floats of scratch. */
+void mx_delta_chunked(const mx_delta_run *r, float *S, float *scratch);
+size_t mx_delta_chunk_floats(int dk, int dv);
+
 /* First position a token at pos attends to (sliding-window layers). */
 static inline int mx_attn_start(const mx_attn *a, int pos)
 {

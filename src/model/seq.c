@@ -4,11 +4,36 @@
 
 #include "model/model.h"
 
-/* Floats of layer l's K (or V) cache for n_ctx positions. */
+/* Floats of layer l's K (or V) cache for n_ctx positions (0 for layers
+ * without attention). */
 static size_t layer_kv_floats(const mx_model *m, int l, int n_ctx)
 {
-    const mx_attn *a = &m->layers[l].attn;
-    return (size_t)a->n_kv * (size_t)n_ctx * (size_t)a->head_dim;
+    const mx_layer *L = &m->layers[l];
+    if (L->mixer != MX_MIXER_ATTENTION)
+        return 0;
+    return (size_t)L->attn.n_kv * (size_t)n_ctx * (size_t)L->attn.head_dim;
+}
+
+/* Floats of layer l's recurrent state: the convolution window (the last
+ * K-1 inputs of each channel) and, for DeltaNet, each value head's
+ * dk x dv matrix. */
+static size_t layer_state_floats(const mx_model *m, int l)
+{
+    const mx_layer *L = &m->layers[l];
+    if (L->mixer == MX_MIXER_DELTANET)
+        return (size_t)L->dn.conv_dim * (size_t)(L->dn.K - 1) +
+               (size_t)L->dn.nv * (size_t)L->dn.dk * (size_t)L->dn.dv;
+    if (L->mixer == MX_MIXER_SHORTCONV)
+        return (size_t)m->d * (size_t)(L->sc.L - 1);
+    return 0;
+}
+
+size_t mx_model_state_floats(const mx_model *m)
+{
+    size_t n = 0;
+    for (int l = 0; l < m->n_layers; l++)
+        n += layer_state_floats(m, l);
+    return n;
 }
 
 int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e)
@@ -20,16 +45,22 @@ int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e)
     if (!s)
         return mx_fail(e, MX_ENOMEM, "out of memory");
     s->kv_off = malloc(sizeof *s->kv_off * (size_t)m->n_layers);
-    size_t n = 0;
-    for (int l = 0; s->kv_off && l < m->n_layers; l++) {
+    s->state_off = malloc(sizeof *s->state_off * (size_t)(m->n_layers + 1));
+    size_t n = 0, ns = 0;
+    for (int l = 0; s->kv_off && s->state_off && l < m->n_layers; l++) {
         s->kv_off[l] = n;
         n += layer_kv_floats(m, l, n_ctx);
+        s->state_off[l] = ns;
+        ns += layer_state_floats(m, l);
     }
+    if (s->state_off)
+        s->state_off[m->n_layers] = ns;
+    s->state = calloc(ns ? ns : 1, sizeof(float));
     /* calloc of a large block maps zero pages lazily, so memory is only
      * committed as the cache fills. */
     s->k = calloc(n ? n : 1, sizeof(float));
     s->v = calloc(n ? n : 1, sizeof(float));
-    if (!s->kv_off || !s->k || !s->v) {
+    if (!s->kv_off || !s->state_off || !s->state || !s->k || !s->v) {
         mx_seq_free(s);
         return mx_fail(e, MX_ENOMEM, "out of memory for a KV cache of %d tokens (%.1f MiB)", n_ctx,
                        2.0 * (double)n * sizeof(float) / 1048576.0);
@@ -47,10 +78,30 @@ void mx_seq_free(mx_seq *s)
     free(s->k);
     free(s->v);
     free(s->kv_off);
+    free(s->state_off);
+    free(s->state);
     free(s);
 }
 
-void mx_seq_reset(mx_seq *s) { s->pos = 0; }
+void mx_seq_reset(mx_seq *s)
+{
+    s->pos = 0;
+    const size_t ns = s->state_off[s->m->n_layers];
+    if (ns)
+        memset(s->state, 0, sizeof(float) * ns);
+}
+
+int mx_seq_rewind(mx_seq *s, int pos)
+{
+    if (pos >= s->pos)
+        return s->pos;
+    if (s->state_off[s->m->n_layers] == 0) {
+        s->pos = pos < 0 ? 0 : pos;   /* attention alone: the cache past pos is simply overwritten */
+        return s->pos;
+    }
+    mx_seq_reset(s);
+    return 0;
+}
 
 uint64_t mx_model_kv_bytes(const mx_model *m, int n_ctx)
 {
