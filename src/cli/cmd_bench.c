@@ -70,11 +70,16 @@ static int32_t argmax(const float *x, int n)
 }
 
 /* Decodes n tokens from position `pos` (the prompt already in the cache),
- * returning tok/s. */
-static int decode_run(mx_model *m, mx_seq *s, int pos, int32_t first, int n, float *logits,
-                      double *tok_s, mx_err *e)
+ * returning tok/s.  A recurrent state cannot be rewound to the prompt's
+ * end: such a model feeds the prompt again first (not timed). */
+static int decode_run(mx_model *m, mx_seq *s, const int32_t *prompt, int pos, int32_t first, int n,
+                      float *logits, double *tok_s, mx_err *e)
 {
-    s->pos = pos;
+    if (mx_seq_rewind(s, pos) < pos) {
+        int rc = mx_forward(m, s, prompt, pos, NULL, NULL, e);
+        if (rc)
+            return rc;
+    }
     int32_t id = first;
     double t0 = mx_now();
     for (int i = 0; i < n; i++) {
@@ -163,7 +168,7 @@ int cmd_bench(int argc, char **argv)
     double ttft_first = mx_now() - tw;
     int32_t first = argmax(logits, m->vocab);
     double dummy;
-    if ((rc = decode_run(m, s, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e)))
+    if ((rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e)))
         goto fail;
     fprintf(stderr, "bench: warm-up done (first prefill %.2f s)\n", ttft_first);
 
@@ -176,7 +181,7 @@ int cmd_bench(int argc, char **argv)
     long long rss = 0;
     const uint64_t bpt = mx_model_active_bytes(m);
     for (long r = 0; r < reps; r++) {
-        s->pos = 0;
+        mx_seq_reset(s);
         double ta = mx_now();
         if ((rc = mx_forward(m, s, prompt, (int)np, logits, NULL, &e)))
             goto fail;
@@ -190,7 +195,7 @@ int cmd_bench(int argc, char **argv)
         const int nd = dec.n;
         if (!compare) {
             double ts;
-            if ((rc = decode_run(m, s, (int)np, first, (int)ng, logits, &ts, &e)))
+            if ((rc = decode_run(m, s, prompt, (int)np, first, (int)ng, logits, &ts, &e)))
                 goto fail;
             push(&dec, ts);
         } else {
@@ -201,7 +206,7 @@ int cmd_bench(int argc, char **argv)
                 int use_fused = k == 0 || k == 3;
                 double ts;
                 mx_moe_set_fused(use_fused);
-                if ((rc = decode_run(m, s, (int)np, first, (int)ng, logits, &ts, &e)))
+                if ((rc = decode_run(m, s, prompt, (int)np, first, (int)ng, logits, &ts, &e)))
                     goto fail;
                 push(use_fused ? &fused : &gather, ts);
                 push(&dec, ts);
@@ -257,6 +262,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "roofline_fraction", roof);
         cJSON_AddNumberToObject(o, "roofline_fraction_min", mn(&roofs));
         cJSON_AddNumberToObject(o, "roofline_fraction_max", mxv(&roofs));
+        cJSON_AddNumberToObject(o, "kv_cache_bytes_per_token", (double)mx_model_kv_bytes(m, 1));
+        cJSON_AddNumberToObject(o, "recurrent_state_bytes", (double)(mx_model_state_floats(m) * sizeof(float)));
         char *str = cJSON_PrintUnformatted(o);
         printf("%s\n", str);
         free(str);
@@ -283,6 +290,9 @@ int cmd_bench(int argc, char **argv)
                    "                          bandwidth, each repeat against its own probes)\n",
                    100 * roof, 100 * mn(&roofs), 100 * mxv(&roofs));
         printf("peak RSS         %8.1f MiB\n", (double)rss / 1048576.0);
+        printf("sequence memory  %8.1f KiB per token of KV cache, %.1f KiB of recurrent state\n",
+               (double)mx_model_kv_bytes(m, 1) / 1024.0,
+               (double)(mx_model_state_floats(m) * sizeof(float)) / 1024.0);
     }
     mx_seq_free(s);
     free(prompt);

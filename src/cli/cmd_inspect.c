@@ -62,6 +62,18 @@ static void describe(const qclass *c, char *buf, size_t cap)
     }
 }
 
+/* One letter per layer for what mixes its tokens: A attention, D gated
+ * DeltaNet, C short convolution. */
+static const char *layer_pattern(const mx_model *m, char *buf)
+{
+    for (int l = 0; l < m->n_layers; l++)
+        buf[l] = m->layers[l].mixer == MX_MIXER_DELTANET    ? 'D'
+                 : m->layers[l].mixer == MX_MIXER_SHORTCONV ? 'C'
+                                                            : 'A';
+    buf[m->n_layers] = 0;
+    return buf;
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     const char *dir = NULL;
@@ -154,6 +166,9 @@ int cmd_inspect(int argc, char **argv)
         cJSON_AddNumberToObject(o, "shared_expert_intermediate_size",
                                 cf->shared_expert_intermediate_size > 0 ? cf->shared_expert_intermediate_size : 0);
         cJSON_AddNumberToObject(o, "moe_layers", n_moe);
+        char pattern[MX_MAX_LAYERS + 1];
+        cJSON_AddStringToObject(o, "layer_mixers", layer_pattern(m, pattern));
+        cJSON_AddNumberToObject(o, "recurrent_state_bytes", (double)(mx_model_state_floats(m) * sizeof(float)));
         cJSON_AddStringToObject(o, "expert_layout", stacked < 0 ? "none" : stacked ? "stacked" : "per-expert");
         cJSON_AddBoolToObject(o, "tie_word_embeddings", m->tied);
         cJSON_AddNumberToObject(o, "rope_theta", cf->rope_theta);
@@ -186,6 +201,9 @@ int cmd_inspect(int argc, char **argv)
         printf("model:        %s (%s)\n", dir, cf->model_type);
         printf("dimensions:   hidden %d, vocab %d, head_dim %d\n", m->d, m->vocab, m->head_dim);
         printf("layers:       %d (%d MoE, %d dense)\n", m->n_layers, n_moe, m->n_layers - n_moe);
+        char pattern[MX_MAX_LAYERS + 1];
+        printf("mixers:       %s (A attention, D gated DeltaNet, C short convolution)\n",
+               layer_pattern(m, pattern));
         printf("attention:    %d heads, %d kv heads%s, rope_theta %g%s\n", m->n_heads, m->n_kv,
                m->n_kv < m->n_heads ? " (GQA)" : "", cf->rope_theta,
                m->fam->qk_norm == MX_QK_NORM_HEAD ? ", per-head q/k norm"

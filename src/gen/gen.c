@@ -248,7 +248,9 @@ int mx_gen_req_prefill(mx_gen_req *r, mx_err *e)
     int common = 0;
     while (common < s->seq->pos && common < r->n_prompt - 1 && s->ids[common] == r->prompt[common])
         common++;
-    s->seq->pos = common;
+    /* a recurrent state cannot be rewound: such a model keeps the cache
+     * only when the prompt extends it, else starts over */
+    common = mx_seq_rewind(s->seq, common);
     r->st.n_cached = common;
     r->t0 = mx_now();
     int rc = feed(r->g, s, r->prompt + common, r->n_prompt - common, r->logits, e);

@@ -122,6 +122,17 @@ static uint64_t attn_bytes(const mx_attn *a)
            mx_linear_bytes(&a->o);
 }
 
+/* Bytes of what mixes a layer's tokens: attention, DeltaNet or the short
+ * convolution's projections. */
+static uint64_t mixer_bytes(const mx_layer *L)
+{
+    if (L->mixer == MX_MIXER_DELTANET)
+        return mx_linear_bytes(&L->dn.qkvz) + mx_linear_bytes(&L->dn.ba) + mx_linear_bytes(&L->dn.out);
+    if (L->mixer == MX_MIXER_SHORTCONV)
+        return mx_linear_bytes(&L->sc.in) + mx_linear_bytes(&L->sc.out);
+    return attn_bytes(&L->attn);
+}
+
 static uint64_t expert_bytes(const mx_experts *ex, int i)
 {
     return mx_linear_bytes(&ex->gate[i]) + mx_linear_bytes(&ex->up[i]) +
@@ -134,11 +145,11 @@ uint64_t mx_model_active_bytes(const mx_model *m)
     uint64_t b = mx_linear_bytes(&m->embed) / (uint64_t)m->vocab + mx_linear_bytes(&m->lm_head);
     for (int l = 0; l < m->n_layers; l++) {
         const mx_layer *L = &m->layers[l];
-        b += attn_bytes(&L->attn);
-        if (!L->is_moe) {
+        b += mixer_bytes(L);
+        if (!L->is_moe || L->parallel)
             b += mlp_bytes(&L->mlp);
+        if (!L->is_moe)
             continue;
-        }
         b += mx_linear_bytes(&L->moe.router);
         /* experts are the same size; count top_k of expert 0's size */
         b += (uint64_t)m->top_k * expert_bytes(&L->moe.experts, 0);
@@ -168,10 +179,12 @@ uint64_t mx_model_param_count(const mx_model *m)
         p += 2ull * (uint64_t)m->d;
         p += lin_params(&L->attn.q) + lin_params(&L->attn.k) + lin_params(&L->attn.v) +
              lin_params(&L->attn.o);
-        if (!L->is_moe) {
+        p += lin_params(&L->dn.qkvz) + lin_params(&L->dn.ba) + lin_params(&L->dn.out) +
+             lin_params(&L->sc.in) + lin_params(&L->sc.out);
+        if (!L->is_moe || L->parallel)
             p += lin_params(&L->mlp.gate) + lin_params(&L->mlp.up) + lin_params(&L->mlp.down);
+        if (!L->is_moe)
             continue;
-        }
         const mx_experts *ex = &L->moe.experts;
         p += lin_params(&L->moe.router) + (uint64_t)ex->n * 3ull * (uint64_t)(ex->d_ff * ex->d_model);
         if (L->moe.has_shared)

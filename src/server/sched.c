@@ -295,8 +295,7 @@ static void start_choice(srv_sched *sc, srv_slot *sl)
         return;
     }
     /* keep the cached prefix, drop the rest */
-    sl->pf_pos = common_prefix(sl->sess, r);
-    sl->sess->seq->pos = sl->pf_pos;
+    sl->pf_pos = mx_seq_rewind(sl->sess->seq, common_prefix(sl->sess, r));
 }
 
 static void admit(srv_sched *sc, srv_slot *sl, srv_req *r)
