@@ -21,11 +21,13 @@ check() { if eval "$1"; then ok; else bad "$1"; fi; }
 # --help: every preset, a size, and whether it fits in RAM
 "$BIN" synth --help >"$TMP/help" 2>&1
 check '[ $? -eq 0 ]'
-for p in tiny qwen1.5-moe-a2.7b olmoe-1b-7b qwen3-30b-a3b mixtral-8x7b; do
+for p in tiny qwen1.5-moe-a2.7b olmoe-1b-7b qwen3-30b-a3b mixtral-8x7b dots.llm1 phi-3.5-moe \
+    qwen3-vl-30b-a3b minimax-m2 gemma-4-26b-a4b; do
     check "grep -q '^  $p ' '$TMP/help'"
 done
 check "grep -A2 '^  mixtral-8x7b' '$TMP/help' | grep -q 'GB on disk, does NOT fit'"
 check "grep -A2 '^  qwen1.5-moe-a2.7b' '$TMP/help' | grep -q 'GB on disk, fits in RAM'"
+check "grep -A2 '^  minimax-m2 ' '$TMP/help' | grep -q 'GB on disk, does NOT fit'"
 # sizes follow --bits
 "$BIN" synth --help --bits 8 >"$TMP/help8" 2>&1
 check "grep -q 'at 8-bit' '$TMP/help8'"
@@ -46,6 +48,15 @@ check "grep -q 'qwen2_moe' '$TMP/inspect'"
     >"$TMP/ids" 2>"$TMP/gerr"
 check '[ $? -eq 0 ]'
 check "[ \$(wc -w <'$TMP/ids') -eq 8 ]"
+
+# a scaled-down variant: the first layers of a preset's shape
+"$BIN" synth --preset gemma4-tiny --layers 2 --out "$TMP/g2" --quiet
+check '[ $? -eq 0 ]'
+"$BIN" inspect -m "$TMP/g2" --json >"$TMP/g2.json" 2>&1
+check "grep -q '\"num_hidden_layers\":[[:space:]]*2,' '$TMP/g2.json'"
+"$BIN" synth --preset gemma4-tiny --layers 0 --out "$TMP/g0" --quiet 2>"$TMP/err"
+check '[ $? -eq 2 ]'
+check "grep -q -- '--layers' '$TMP/err'"
 
 # the same seed gives the same bytes; another seed other bytes
 "$BIN" synth --preset tiny --out "$TMP/tiny2" --quiet

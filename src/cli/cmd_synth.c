@@ -34,10 +34,11 @@ static void usage(FILE *f, const mx_synth_opts *o)
         "options:\n"
         "  --preset NAME          architecture (below)\n"
         "  --out DIR              output directory (created; must be empty unless --force)\n"
-        "  --bits B               2, 3, 4, 5, 6 or 8 (default 4; routers stay 8-bit)\n"
+        "  --bits B               2, 3, 4, 5, 6 or 8 (default 4; routers 8-bit where mlx-lm keeps them so)\n"
         "  --group-size G         32, 64 or 128 (default 64)\n"
         "  --scale-dtype T        f16, bf16 or f32 (default: the model's torch_dtype)\n"
         "  --layout L             per-expert (one tensor per expert) or stacked (one per projection)\n"
+        "  --layers N             only N layers of the preset's shape (a scaled-down variant)\n"
         "  --seed S               random seed (default 0)\n"
         "  --shard-gb N           max shard size in GB (default 5, fractions allowed)\n"
         "  --shard-mb N           max shard size in MB (for small tests)\n"
@@ -101,7 +102,7 @@ static void default_usage(FILE *f)
 static int takes_value(const char *a)
 {
     static const char *const opts[] = {"--preset", "--out", "--bits", "--group-size", "--scale-dtype",
-                                       "--layout", "--seed", "--shard-gb", "--shard-mb"};
+                                       "--layout", "--layers", "--seed", "--shard-gb", "--shard-mb"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(a, opts[i]))
             return 1;
@@ -165,6 +166,11 @@ int cmd_synth(int argc, char **argv)
                 o.layout = MX_SYNTH_PER_EXPERT;
             else {
                 fprintf(stderr, "mlxcel synth: --layout must be stacked or per-expert\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--layers")) {
+            if (parse_int(v, &o.layers) || o.layers < 1) {
+                fprintf(stderr, "mlxcel synth: --layers: '%s' is not a positive number\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--seed")) {

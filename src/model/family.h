@@ -30,6 +30,13 @@ typedef enum mx_norm_kind {
     MX_NORM_LAYER,     /* LayerNorm with weight and bias (Phi-3.5-MoE) */
 } mx_norm_kind;
 
+/* How a family's checkpoints store the router (mlx-lm's choice). */
+typedef enum mx_router_store {
+    MX_ROUTER_8BIT,          /* 8 bits, group 64: the model's quant_predicate (most MoE families) */
+    MX_ROUTER_DEFAULT_BITS,  /* the checkpoint's default bits: no quant_predicate (Phi-3.5-MoE) */
+    MX_ROUTER_FLOAT,         /* not quantized: a bare parameter, not a Linear (dots1) */
+} mx_router_store;
+
 /* Experts every token runs beside the routed ones. */
 typedef enum mx_shared_kind {
     MX_SHARED_NONE,
@@ -93,6 +100,18 @@ typedef struct mx_preset {
     int stacked;                   /* default expert layout: 1 stacked, 0 per expert */
     int chatml_specials;           /* 1: <|endoftext|> <|im_start|> <|im_end|>; 0: <s> </s> */
     int qwen_tokenizer;            /* 1: NFC + the Qwen2 split; 0: GPT-2 byte level */
+    /* beyond the common shape (0: the model has no such thing); the
+     * family's synth_config writes them as its config.json spells them */
+    int first_dense;               /* first_k_dense_replace: the first layers are dense MLPs */
+    int n_group, topk_group;       /* group-limited routing */
+    double routed_scale;           /* routed_scaling_factor */
+    int o_bias, lm_head_bias;      /* o_proj / lm_head carry a bias (q/k/v: qkv_bias) */
+    double partial_rotary;         /* share of each head's dimensions rotated (0: all) */
+    int sliding_window;            /* sliding-window attention of this many positions */
+    int full_every;                /* with a window: every full_every-th layer (and the last)
+                                      attends to everything */
+    int global_head_dim, global_kv_heads;   /* full-attention layers' head size and kv heads
+                                               (K = V: no v projection) */
 } mx_preset;
 
 struct mx_family {
@@ -109,6 +128,7 @@ struct mx_family {
     mx_router_kind router;
     float router_norm_eps;         /* sigmoid routers: added to the sum when renormalising */
     mx_shared_kind shared_expert;  /* may have a shared expert, of this kind */
+    mx_router_store router_store;  /* how checkpoints store the router (synth, inspect) */
     int parallel_dense;            /* MoE layers also run a dense MLP beside the experts,
                                       each branch with its own norms (Gemma 4) */
     int v_norm;                    /* v heads get a weightless RMSNorm (Gemma 4) */

@@ -32,13 +32,40 @@ static void defaults(mx_config *c)
 
 static void synth_config(const mx_preset *p, cJSON *c)
 {
+    const double partial = p->partial_rotary > 0 ? p->partial_rotary : 1.0;
     cJSON_AddNumberToObject(c, "num_local_experts", p->experts);
-    cJSON_AddNumberToObject(c, "rotary_dim", p->head_dim / 2);
-    cJSON_AddNumberToObject(c, "partial_rotary_factor", 0.5);
+    cJSON_AddNumberToObject(c, "rotary_dim", (int)(p->head_dim * partial));
+    cJSON_AddNumberToObject(c, "partial_rotary_factor", partial);
     cJSON_AddBoolToObject(c, "use_qk_norm", 1);
+    cJSON_AddStringToObject(c, "qk_norm_type", "per_layer");
     cJSON_AddStringToObject(c, "scoring_func", "sigmoid");
     cJSON_AddBoolToObject(c, "use_routing_bias", 1);
+    cJSON_AddNumberToObject(c, "shared_intermediate_size", 0);
+    cJSON_AddNumberToObject(c, "router_jitter_noise", 0.0);
 }
+
+/* MiniMax-M2's config.json (MiniMaxAI): 230B parameters, 10B active; and a
+ * miniature of the same layout for tests. */
+static const mx_preset presets[] = {
+    {
+        .name = "minimax-m2", .about = "MiniMax-M2: 256 experts top-8, sigmoid router with "
+                                       "correction bias, full-width q/k norm, half rotary",
+        .vocab = 200064, .hidden = 3072, .intermediate = 1536, .layers = 62, .heads = 48,
+        .kv_heads = 8, .head_dim = 128, .experts = 256, .top_k = 8, .moe_intermediate = 1536,
+        .shared_intermediate = 0, .rope_theta = 5e6, .rms_eps = 1e-6, .qkv_bias = 0,
+        .norm_topk_prob = 1, .tied = 0, .max_position = 196608, .dtype = MX_BF16, .stacked = 1,
+        .chatml_specials = 1, .qwen_tokenizer = 0, .partial_rotary = 0.5,
+    },
+    {
+        .name = "minimax-m2-tiny", .about = "minimax_m2 miniature: 16 experts top-4 (tests)",
+        .vocab = 1024, .hidden = 128, .intermediate = 128, .layers = 3, .heads = 4,
+        .kv_heads = 2, .head_dim = 64, .experts = 16, .top_k = 4, .moe_intermediate = 128,
+        .shared_intermediate = 0, .rope_theta = 5e6, .rms_eps = 1e-6, .qkv_bias = 0,
+        .norm_topk_prob = 1, .tied = 0, .max_position = 8192, .dtype = MX_BF16, .stacked = 1,
+        .chatml_specials = 1, .qwen_tokenizer = 0, .partial_rotary = 0.5,
+    },
+    {0},
+};
 
 static const mx_config_alias aliases[] = {
     {"num_experts", "num_local_experts"},
@@ -53,5 +80,6 @@ const mx_family mx_family_minimax = {
     .names = {.moe = "block_sparse_moe", .router_bias = "e_score_correction_bias"},
     .qk_norm = MX_QK_NORM_FULL,
     .router = MX_ROUTER_SIGMOID,
+    .presets = presets,
     .synth_config = synth_config,
 };

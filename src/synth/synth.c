@@ -102,24 +102,6 @@ static int pb_quant(plan_builder *b, const char *module, int64_t nmat, int64_t r
     return MX_OK;
 }
 
-/* A float vector (norm weight or linear bias) in the model dtype. */
-static int pb_vec(plan_builder *b, const char *name, mx_synth_kind kind, int64_t len)
-{
-    mx_synth_tensor *t = pb_push(b);
-    if (!t)
-        return mx_fail(b->e, MX_ENOMEM, "synth: out of memory planning tensors");
-    snprintf(t->name, sizeof t->name, "%s", name);
-    snprintf(t->module, sizeof t->module, "%s", name);
-    t->kind = kind;
-    t->dtype = b->plan->p->dtype;
-    t->ndim = 1;
-    t->shape[0] = len;
-    t->nmat = t->rows = 1;
-    t->cols = len;
-    t->nbytes = (uint64_t)len * mx_dtype_size(t->dtype);
-    return MX_OK;
-}
-
 /* Formats a tensor name into a MX_SYNTH_NAME_MAX buffer (the family
  * table's names are short; an over-long one is cut). */
 __attribute__((format(printf, 2, 3))) static void tname(char *buf, const char *fmt, ...)
@@ -130,6 +112,45 @@ __attribute__((format(printf, 2, 3))) static void tname(char *buf, const char *f
     va_end(ap);
 }
 
+/* A float vector of `kind` (a norm weight, a bias) in dtype dt. */
+static int pb_vec(plan_builder *b, const char *name, mx_synth_kind kind, mx_dtype dt, int64_t len)
+{
+    mx_synth_tensor *t = pb_push(b);
+    if (!t)
+        return mx_fail(b->e, MX_ENOMEM, "synth: out of memory planning tensors");
+    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->module, sizeof t->module, "%s", name);
+    t->kind = kind;
+    t->dtype = dt;
+    t->ndim = 1;
+    t->shape[0] = len;
+    t->nmat = t->rows = 1;
+    t->cols = len;
+    t->nbytes = (uint64_t)len * mx_dtype_size(t->dtype);
+    return MX_OK;
+}
+
+/* An unquantized linear `module.weight` [rows, cols] in the model dtype. */
+static int pb_fmat(plan_builder *b, const char *module, int64_t rows, int64_t cols, float gain)
+{
+    mx_synth_tensor *t = pb_push(b);
+    if (!t)
+        return mx_fail(b->e, MX_ENOMEM, "synth: out of memory planning tensors");
+    tname(t->name, "%s.weight", module);
+    tname(t->module, "%s", module);
+    t->kind = MX_SYNTH_FMAT;
+    t->dtype = b->plan->p->dtype;
+    t->ndim = 2;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    t->nmat = 1;
+    t->rows = rows;
+    t->cols = cols;
+    t->gain = gain;
+    t->nbytes = (uint64_t)rows * (uint64_t)cols * mx_dtype_size(t->dtype);
+    return MX_OK;
+}
+
 /* "{model}.{layer i}" */
 static void layer_prefix(const mx_names *nm, int i, char *buf)
 {
@@ -138,7 +159,25 @@ static void layer_prefix(const mx_names *nm, int i, char *buf)
     tname(buf, "%s.%s", nm->model, layer);
 }
 
-/* A SwiGLU MLP `{prefix}.{gate,up,down}` of width ff. */
+/* A norm `{prefix}.{name}.weight` of width n, and its bias in LayerNorm
+ * families; nothing when the family names no such norm. */
+static int plan_norm(plan_builder *b, const char *prefix, const char *name, int64_t n)
+{
+    char m[MX_SYNTH_NAME_MAX];
+    int rc;
+    if (!name)
+        return MX_OK;
+    const mx_dtype dt = b->plan->p->dtype;
+    tname(m, "%s%s%s.weight", prefix, *prefix ? "." : "", name);
+    if ((rc = pb_vec(b, m, MX_SYNTH_NORM, dt, n)))
+        return rc;
+    if (b->plan->fam->norm != MX_NORM_LAYER)
+        return MX_OK;
+    tname(m, "%s%s%s.bias", prefix, *prefix ? "." : "", name);
+    return pb_vec(b, m, MX_SYNTH_LBIAS, dt, n);
+}
+
+/* A gated MLP `{prefix}.{gate,up,down}` of width ff. */
 static int plan_mlp(plan_builder *b, const char *prefix, const char *const *proj, int64_t nmat,
                     int64_t ff, int bits, int gs, float down_gain)
 {
@@ -156,88 +195,194 @@ static int plan_mlp(plan_builder *b, const char *prefix, const char *const *proj
 }
 
 /* Experts of one MoE block: stacked, or one tensor per expert. */
-static int plan_experts(plan_builder *b, const char *blk, int bits, int gs, float down_gain)
+static int plan_experts(plan_builder *b, const char *blk, int64_t ff, int bits, int gs,
+                        float down_gain)
 {
-    const mx_preset *P = b->plan->p;
+    const int E = b->plan->cfg->num_experts;
     const mx_names *nm = &b->plan->fam->names;
     char m[MX_SYNTH_NAME_MAX], expert[MX_SYNTH_NAME_MAX];
     int rc;
     if (b->plan->opts.layout == MX_SYNTH_STACKED) {
         tname(m, "%s.%s", blk, nm->stacked);
-        return plan_mlp(b, m, nm->stacked_proj, P->experts, P->moe_intermediate, bits, gs, down_gain);
+        return plan_mlp(b, m, nm->stacked_proj, E, ff, bits, gs, down_gain);
     }
-    for (int x = 0; x < P->experts; x++) {
+    for (int x = 0; x < E; x++) {
         tname(expert, nm->per_expert, x);
         tname(m, "%s.%s", blk, expert);
-        if ((rc = plan_mlp(b, m, nm->expert_proj, 0, P->moe_intermediate, bits, gs, down_gain)))
+        if ((rc = plan_mlp(b, m, nm->expert_proj, 0, ff, bits, gs, down_gain)))
             return rc;
     }
     return MX_OK;
 }
 
+/* What the loader reads from config.json, read the same way here: the
+ * type of layer l ("sliding_attention", "full_attention") or NULL. */
+static const char *cfg_layer_type(const mx_config *c, int l)
+{
+    const cJSON *t = cJSON_GetArrayItem(mx_config_key(c, "layer_types"), l);
+    return cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+/* Whether layer l has routed experts: not in mlp_only_layers, past the
+ * first_k_dense_replace dense layers, on the decoder_sparse_step grid. */
+static int cfg_layer_is_moe(const mx_config *c, int l)
+{
+    for (int i = 0; i < c->n_mlp_only_layers; i++)
+        if (c->mlp_only_layers[i] == l)
+            return 0;
+    if (l < (int)mx_config_number(c, "first_k_dense_replace", 0))
+        return 0;
+    return c->num_experts > 0 && c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
+}
+
+/* Layer l's attention: q/k/v/o (no v on a K = V full-attention layer),
+ * their biases, q/k norms, at the layer's head size and kv heads. */
+static int plan_attention(plan_builder *b, const char *pre, int l, float out_gain)
+{
+    const mx_preset *P = b->plan->p;
+    const mx_config *c = b->plan->cfg;
+    const mx_family *F = b->plan->fam;
+    const mx_names *nm = &F->names;
+    const int bits = b->plan->opts.bits, gs = b->plan->opts.group_size;
+    const mx_dtype dt = P->dtype;
+    int64_t hd = c->head_dim, nkv = c->num_key_value_heads;
+    int k_eq_v = 0;
+    const char *type = cfg_layer_type(c, l);
+    if (type && !strcmp(type, "full_attention") && mx_config_number(c, "global_head_dim", 0) > 0) {
+        hd = (int64_t)mx_config_number(c, "global_head_dim", 0);
+        k_eq_v = cJSON_IsTrue(mx_config_key(c, "attention_k_eq_v"));
+        if (k_eq_v)
+            nkv = (int64_t)mx_config_number(c, "num_global_key_value_heads", (double)nkv);
+    }
+    const int64_t H = P->hidden, qw = (int64_t)c->num_attention_heads * hd, kvw = nkv * hd;
+    char m[MX_SYNTH_NAME_MAX];
+    int rc;
+    for (int k = 0; k < 4; k++) {
+        if (k == 2 && k_eq_v)
+            continue;
+        int64_t rows = k == 0 ? qw : k == 3 ? H : kvw, cols = k == 3 ? qw : H;
+        tname(m, "%s.%s.%s", pre, nm->attn, nm->attn_proj[k]);
+        if ((rc = pb_quant(b, m, 0, rows, cols, bits, gs, k == 3 ? out_gain : 1.0f)))
+            return rc;
+        if (k == 3 ? P->o_bias : P->qkv_bias) {
+            tname(m, "%s.%s.%s.bias", pre, nm->attn, nm->attn_proj[k]);
+            if ((rc = pb_vec(b, m, MX_SYNTH_LBIAS, dt, rows)))
+                return rc;
+        }
+    }
+    if (F->qk_norm != MX_QK_NORM_NONE) {
+        int full = F->qk_norm == MX_QK_NORM_FULL;
+        tname(m, "%s.%s.%s.weight", pre, nm->attn, nm->qk_norm[0]);
+        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, dt, full ? qw : hd)))
+            return rc;
+        tname(m, "%s.%s.%s.weight", pre, nm->attn, nm->qk_norm[1]);
+        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, dt, full ? kvw : hd)))
+            return rc;
+    }
+    return MX_OK;
+}
+
+/* An MoE layer's block at blk: the router (8-bit, or unquantized where the
+ * family keeps it so) with its choice bias, input scale and per-expert
+ * scales, the routed experts, the shared experts. */
+static int plan_moe(plan_builder *b, const char *blk, float out_gain)
+{
+    const mx_preset *P = b->plan->p;
+    const mx_config *c = b->plan->cfg;
+    const mx_family *F = b->plan->fam;
+    const mx_names *nm = &F->names;
+    const int bits = b->plan->opts.bits, gs = b->plan->opts.group_size;
+    const int rb = b->plan->router_bits, rg = b->plan->router_group;
+    const int64_t H = P->hidden, E = c->num_experts;
+    char m[MX_SYNTH_NAME_MAX];
+    int rc;
+    tname(m, "%s.%s", blk, nm->router);
+    if (F->router_store == MX_ROUTER_FLOAT)
+        rc = pb_fmat(b, m, E, H, 1.0f);
+    else if (F->router_store == MX_ROUTER_DEFAULT_BITS)
+        rc = pb_quant(b, m, 0, E, H, bits, gs, 1.0f);
+    else
+        rc = pb_quant(b, m, 0, E, H, rb, rg, 1.0f);
+    if (rc)
+        return rc;
+    if (nm->router_bias) {   /* F32, as mlx-lm keeps it */
+        tname(m, "%s.%s", blk, nm->router_bias);
+        if ((rc = pb_vec(b, m, MX_SYNTH_LBIAS, MX_F32, E)))
+            return rc;
+    }
+    if (nm->router_scale) {
+        tname(m, "%s.%s", blk, nm->router_scale);
+        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, P->dtype, H)))
+            return rc;
+    }
+    if (nm->expert_scale) {
+        tname(m, "%s.%s", blk, nm->expert_scale);
+        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, P->dtype, E)))
+            return rc;
+    }
+    if ((rc = plan_experts(b, blk, c->moe_intermediate_size, bits, gs, out_gain)))
+        return rc;
+    int64_t shared = 0;
+    if (F->shared_expert == MX_SHARED_GATED && c->shared_expert_intermediate_size > 0)
+        shared = c->shared_expert_intermediate_size;
+    else if (F->shared_expert == MX_SHARED_PLAIN)
+        shared = (int64_t)c->moe_intermediate_size *
+                 (int64_t)mx_config_number(c, "n_shared_experts", 0);
+    if (shared <= 0)
+        return MX_OK;
+    tname(m, "%s.%s", blk, nm->shared);
+    if ((rc = plan_mlp(b, m, nm->mlp_proj, 0, shared, bits, gs, out_gain)))
+        return rc;
+    if (F->shared_expert != MX_SHARED_GATED)
+        return MX_OK;
+    tname(m, "%s.%s", blk, nm->shared_gate);
+    return pb_quant(b, m, 0, 1, H, rb, rg, 1.0f);
+}
+
+/* One layer, as the loader binds it from the same config.json. */
 static int plan_layer(plan_builder *b, int i)
 {
     const mx_preset *P = b->plan->p;
+    const mx_config *c = b->plan->cfg;
     const mx_family *F = b->plan->fam;
     const mx_names *nm = &F->names;
-    int bits = b->plan->opts.bits, gs = b->plan->opts.group_size;
-    int rb = b->plan->router_bits, rg = b->plan->router_group;
+    const int bits = b->plan->opts.bits, gs = b->plan->opts.group_size;
     /* Residual branches scaled down so 2*layers additions keep the residual
      * stream O(1) (as GPT-2 style initialisation does). */
-    float out_gain = 1.0f / sqrtf(2.0f * (float)P->layers);
-    int64_t H = P->hidden, hd = P->head_dim;
-    int64_t qw = (int64_t)P->heads * hd, kvw = (int64_t)P->kv_heads * hd;
+    const float out_gain = 1.0f / sqrtf(2.0f * (float)P->layers);
+    const int64_t H = P->hidden;
     char pre[MX_SYNTH_NAME_MAX], m[MX_SYNTH_NAME_MAX];
     int rc;
     layer_prefix(nm, i, pre);
 
-    tname(m, "%s.%s.weight", pre, nm->attn_norm);
-    if ((rc = pb_vec(b, m, MX_SYNTH_NORM, H)))
+    if ((rc = plan_norm(b, pre, nm->attn_norm, H)) || (rc = plan_norm(b, pre, nm->ffn_norm, H)) ||
+        (rc = plan_norm(b, pre, nm->attn_out_norm, H)) || (rc = plan_norm(b, pre, nm->ffn_out_norm, H)))
         return rc;
-    tname(m, "%s.%s.weight", pre, nm->ffn_norm);
-    if ((rc = pb_vec(b, m, MX_SYNTH_NORM, H)))
+    if ((rc = plan_attention(b, pre, i, out_gain)))
         return rc;
-
-    for (int k = 0; k < 3; k++) {
-        int64_t rows = k == 0 ? qw : kvw;
-        tname(m, "%s.%s.%s", pre, nm->attn, nm->attn_proj[k]);
-        if ((rc = pb_quant(b, m, 0, rows, H, bits, gs, 1.0f)))
-            return rc;
-        if (P->qkv_bias) {
-            tname(m, "%s.%s.%s.bias", pre, nm->attn, nm->attn_proj[k]);
-            if ((rc = pb_vec(b, m, MX_SYNTH_LBIAS, rows)))
-                return rc;
-        }
-    }
-    tname(m, "%s.%s.%s", pre, nm->attn, nm->attn_proj[3]);
-    if ((rc = pb_quant(b, m, 0, H, qw, bits, gs, out_gain)))
-        return rc;
-    if (F->qk_norm != MX_QK_NORM_NONE) {
-        int full = F->qk_norm == MX_QK_NORM_FULL;
-        tname(m, "%s.%s.%s.weight", pre, nm->attn, nm->qk_norm[0]);
-        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, full ? qw : hd)))
-            return rc;
-        tname(m, "%s.%s.%s.weight", pre, nm->attn, nm->qk_norm[1]);
-        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, full ? kvw : hd)))
+    if (nm->layer_scalar) {
+        tname(m, "%s.%s", pre, nm->layer_scalar);
+        if ((rc = pb_vec(b, m, MX_SYNTH_NORM, P->dtype, 1)))
             return rc;
     }
-
+    const int moe = cfg_layer_is_moe(c, i), parallel = moe && F->parallel_dense;
+    if (!moe || parallel) {
+        tname(m, "%s.%s", pre, nm->mlp);
+        if ((rc = plan_mlp(b, m, nm->mlp_proj, 0, c->intermediate_size, bits, gs, out_gain)))
+            return rc;
+    }
+    if (!moe)
+        return MX_OK;
+    if (parallel && ((rc = plan_norm(b, pre, nm->mlp_out_norm, H)) ||
+                     (rc = plan_norm(b, pre, nm->moe_in_norm, H)) ||
+                     (rc = plan_norm(b, pre, nm->moe_out_norm, H))))
+        return rc;
     char blk[MX_SYNTH_NAME_MAX];
-    tname(blk, "%s.%s", pre, nm->moe);
-    tname(m, "%s.%s", blk, nm->router);
-    if ((rc = pb_quant(b, m, 0, P->experts, H, rb, rg, 1.0f)))
-        return rc;
-    if ((rc = plan_experts(b, blk, bits, gs, out_gain)))
-        return rc;
-    if (P->shared_intermediate) {
-        tname(m, "%s.%s", blk, nm->shared);
-        if ((rc = plan_mlp(b, m, nm->mlp_proj, 0, P->shared_intermediate, bits, gs, out_gain)))
-            return rc;
-        tname(m, "%s.%s", blk, nm->shared_gate);
-        if ((rc = pb_quant(b, m, 0, 1, H, rb, rg, 1.0f)))
-            return rc;
-    }
-    return MX_OK;
+    if (nm->moe[0])
+        tname(blk, "%s.%s", pre, nm->moe);
+    else
+        tname(blk, "%s", pre);
+    return plan_moe(b, blk, out_gain);
 }
 
 static int cmp_tensor(const void *a, const void *b)
@@ -262,33 +407,76 @@ static void plan_shards(mx_synth_plan *p)
     p->nshards = p->n ? k + 1 : 0;
 }
 
+/* The config.json synth writes, parsed as the loader parses it: the
+ * family's aliases and defaults applied. */
+static int plan_config(mx_synth_plan *plan, mx_err *e)
+{
+    cJSON *j = mx_synth_config_json(plan);
+    char *text = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    plan->cfg = calloc(1, sizeof *plan->cfg);
+    if (!text || !plan->cfg) {
+        free(text);
+        return mx_fail(e, MX_ENOMEM, "synth: out of memory building config.json");
+    }
+    int rc = mx_config_parse(text, "config.json", plan->cfg, e);
+    free(text);
+    if (!rc)
+        rc = mx_config_apply_aliases(plan->cfg, plan->fam->aliases, e);
+    if (rc)
+        return rc;
+    mx_config *c = plan->cfg;
+    plan->fam->apply_defaults(c);
+    if (c->head_dim == MX_UNSET && c->num_attention_heads > 0)
+        c->head_dim = c->hidden_size / c->num_attention_heads;
+    if (c->num_experts <= 0 || c->head_dim <= 0 || c->intermediate_size <= 0 ||
+        c->moe_intermediate_size <= 0)
+        return mx_fail(e, MX_EINVAL, "synth %s: the preset's config has no experts, head size or "
+                       "MLP widths", plan->p->name);
+    return MX_OK;
+}
+
 int mx_synth_plan_build(const mx_synth_opts *o, mx_synth_plan *plan, mx_err *e)
 {
     memset(plan, 0, sizeof *plan);
     plan->opts = *o;
-    plan->p = mx_preset_find(o->preset, &plan->fam);
-    if (!plan->p)
+    const mx_preset *found = mx_preset_find(o->preset, &plan->fam);
+    if (!found)
         return mx_fail(e, MX_EINVAL, "synth: unknown preset '%s'", o->preset ? o->preset : "(null)");
     if (!mx_qtraits_for(o->bits))
         return mx_fail(e, MX_EINVAL, "synth: --bits %d is not supported (2, 3, 4, 5, 6, 8)", o->bits);
     if (!mx_group_size_ok(o->group_size))
         return mx_fail(e, MX_EINVAL, "synth: --group-size %d is not supported (32, 64, 128)",
                        o->group_size);
+    if (o->layers < 0 || o->layers > MX_MAX_LAYERS)
+        return mx_fail(e, MX_EINVAL, "synth: --layers %d is out of range (1..%d)", o->layers,
+                       MX_MAX_LAYERS);
+    mx_preset *own = malloc(sizeof *own);
+    if (!own)
+        return mx_fail(e, MX_ENOMEM, "synth: out of memory");
+    *own = *found;
+    if (o->layers > 0)
+        own->layers = o->layers;
+    plan->p = own;
     plan->sdtype = o->scale_dtype < 0 ? plan->p->dtype : (mx_dtype)o->scale_dtype;
-    if (plan->sdtype != MX_F16 && plan->sdtype != MX_BF16 && plan->sdtype != MX_F32)
-        return mx_fail(e, MX_EINVAL, "synth: scale dtype must be f16, bf16 or f32");
+    int rc;
+    if (plan->sdtype != MX_F16 && plan->sdtype != MX_BF16 && plan->sdtype != MX_F32) {
+        rc = mx_fail(e, MX_EINVAL, "synth: scale dtype must be f16, bf16 or f32");
+        goto fail;
+    }
     if (plan->opts.layout == MX_SYNTH_LAYOUT_DEFAULT)
         plan->opts.layout = plan->p->stacked ? MX_SYNTH_STACKED : MX_SYNTH_PER_EXPERT;
     if (plan->opts.shard_bytes == 0)
         plan->opts.shard_bytes = 5ull << 30;
     plan->router_bits = ROUTER_BITS;
     plan->router_group = ROUTER_GROUP;
+    if ((rc = plan_config(plan, e)))
+        goto fail;
 
     const mx_preset *P = plan->p;
     const mx_names *nm = &plan->fam->names;
     plan_builder b = {plan, 0, e};
     char name[MX_SYNTH_NAME_MAX];
-    int rc;
     int bits = o->bits, gs = o->group_size;
     /* Embedding rows of unit spread; the output head a little sharper so
      * greedy decoding has clear margins. */
@@ -298,11 +486,15 @@ int mx_synth_plan_build(const mx_synth_opts *o, mx_synth_plan *plan, mx_err *e)
     for (int i = 0; i < P->layers; i++)
         if ((rc = plan_layer(&b, i)))
             goto fail;
-    tname(name, "%s.%s.weight", nm->model, nm->final_norm);
-    if ((rc = pb_vec(&b, name, MX_SYNTH_NORM, P->hidden)))
+    if ((rc = plan_norm(&b, nm->model, nm->final_norm, P->hidden)))
         goto fail;
-    if (!P->tied && (rc = pb_quant(&b, nm->lm_head, 0, P->vocab, P->hidden, bits, gs, 2.0f)))
-        goto fail;
+    if (plan->cfg->tie_word_embeddings != 1) {
+        if ((rc = pb_quant(&b, nm->lm_head, 0, P->vocab, P->hidden, bits, gs, 2.0f)))
+            goto fail;
+        tname(name, "%s.bias", nm->lm_head);
+        if (P->lm_head_bias && (rc = pb_vec(&b, name, MX_SYNTH_LBIAS, P->dtype, P->vocab)))
+            goto fail;
+    }
 
     qsort(plan->t, plan->n, sizeof *plan->t, cmp_tensor);
     for (size_t i = 0; i < plan->n; i++)
@@ -321,6 +513,12 @@ void mx_synth_plan_free(mx_synth_plan *plan)
     free(plan->t);
     plan->t = NULL;
     plan->n = 0;
+    free((void *)plan->p);
+    plan->p = NULL;
+    if (plan->cfg)
+        mx_config_free(plan->cfg);
+    free(plan->cfg);
+    plan->cfg = NULL;
 }
 
 const mx_synth_tensor *mx_synth_plan_find(const mx_synth_plan *plan, const char *name)
@@ -428,10 +626,14 @@ static void gen_groups_row(const mx_synth_tensor *t, uint64_t base, mx_dtype sdt
     }
 }
 
-/* A norm weight (near 1) or a small linear bias, before dtype rounding. */
+/* A norm weight (near 1), a small bias, or an unquantized matrix's
+ * element (uniform with the spread gain / sqrt(cols)), before dtype
+ * rounding. */
 static float gen_vec_value(const mx_synth_tensor *t, uint64_t *s)
 {
     float u = 2.0f * unitf(next64(s)) - 1.0f;
+    if (t->kind == MX_SYNTH_FMAT)
+        return u * sqrtf(3.0f) * t->gain / sqrtf((float)t->cols);
     return t->kind == MX_SYNTH_NORM ? 1.0f + 0.1f * u : 0.1f * u;
 }
 
@@ -466,7 +668,7 @@ static void gen_row(const mx_synth_tensor *t, uint64_t base, int64_t gr, uint8_t
         break;
     }
     default: {
-        uint64_t s = row_state(base, STREAM_VEC, 0, 0);
+        uint64_t s = row_state(base, STREAM_VEC, mat, row);
         for (int64_t c = 0; c < t->cols; c++)
             store_dtype(dst, (size_t)c, gen_vec_value(t, &s), t->dtype);
         break;
@@ -494,7 +696,7 @@ int mx_synth_expected_row(const mx_synth_plan *plan, const char *name, int64_t i
     if (!t) {   /* a module path: its .weight */
         snprintf(buf, sizeof buf, "%s.weight", name);
         t = mx_synth_plan_find(plan, buf);
-        if (t && t->kind != MX_SYNTH_QWEIGHT)
+        if (t && t->kind != MX_SYNTH_QWEIGHT && t->kind != MX_SYNTH_FMAT)
             t = NULL;
     }
     if (!t)
@@ -503,8 +705,8 @@ int mx_synth_expected_row(const mx_synth_plan *plan, const char *name, int64_t i
         return mx_fail(e, MX_ERANGE, "synth: %s: matrix %lld row %lld out of range",
                        t->name, (long long)index, (long long)row);
     uint64_t base = hash_name(plan->opts.seed, t->module);
-    if (t->kind == MX_SYNTH_NORM || t->kind == MX_SYNTH_LBIAS) {
-        uint64_t s = row_state(base, STREAM_VEC, 0, 0);
+    if (t->kind == MX_SYNTH_NORM || t->kind == MX_SYNTH_LBIAS || t->kind == MX_SYNTH_FMAT) {
+        uint64_t s = row_state(base, STREAM_VEC, index, row);
         for (int64_t c = 0; c < t->cols; c++)
             out[c] = round_dtype(gen_vec_value(t, &s), t->dtype);
         return MX_OK;

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "format/config.h"
 #include "format/safetensors.h"
 #include "model/family.h"
 #include "util/err.h"
@@ -42,6 +43,8 @@ typedef struct mx_synth_opts {
     mx_synth_layout layout;
     uint64_t seed;                /* default 0 */
     uint64_t shard_bytes;         /* max bytes per shard; default 5 GB (5<<30) */
+    int layers;                   /* 0: the preset's; else this many layers of its shape
+                                     (a scaled-down variant that fits in memory) */
     int force;                    /* replace the checkpoint files in a non-empty dir */
     int progress;                 /* progress lines on stderr */
 } mx_synth_opts;
@@ -53,8 +56,10 @@ typedef enum mx_synth_kind {
     MX_SYNTH_QWEIGHT,             /* packed codes, U32 [.., out, in*bits/32] */
     MX_SYNTH_QSCALES,             /* [.., out, in/gs] in the scale dtype */
     MX_SYNTH_QBIASES,             /* same */
-    MX_SYNTH_NORM,                /* RMSNorm weight near 1, model dtype */
-    MX_SYNTH_LBIAS,               /* linear bias (q/k/v), model dtype */
+    MX_SYNTH_NORM,                /* norm weight or scale near 1, model dtype */
+    MX_SYNTH_LBIAS,               /* small values: a linear's or norm's bias (model dtype),
+                                     a router's choice bias (F32) */
+    MX_SYNTH_FMAT,                /* an unquantized matrix [rows, cols], model dtype */
 } mx_synth_kind;
 
 #define MX_SYNTH_NAME_MAX 128
@@ -79,7 +84,11 @@ typedef struct mx_synth_tensor {
 typedef struct mx_synth_plan {
     mx_synth_opts opts;               /* with defaults resolved */
     const mx_family *fam;
-    const mx_preset *p;
+    const mx_preset *p;               /* the preset, with opts.layers applied (owned) */
+    /* config.json as written (without the quantization block), parsed with
+     * the family's aliases and defaults: the tensors follow it as the
+     * loader reads it (owned) */
+    mx_config *cfg;
     mx_dtype sdtype;                  /* scale dtype actually used */
     int router_bits, router_group;    /* routers (8-bit override) */
     mx_synth_tensor *t;               /* sorted by name, like mlx-lm */
@@ -106,10 +115,15 @@ int mx_synth_write(const mx_synth_opts *o, const char *dir, mx_err *e);
  * the module path or its .weight/.scales/.biases tensor; `index` picks the
  * matrix of a stack (0 for 2-D); out gets `cols` floats
  * (scale * q + bias with the scale/bias rounded to the scale dtype, exactly
- * what dequantizing the stored tensors gives).  For a norm or linear bias,
- * index = row = 0 and out gets the vector (after rounding to the model dtype). */
+ * what dequantizing the stored tensors gives).  For an unquantized matrix,
+ * the row after rounding to its dtype; for a norm or bias, index = row = 0
+ * and out gets the vector (after rounding to its dtype). */
 int mx_synth_expected_row(const mx_synth_plan *plan, const char *name, int64_t index,
                           int64_t row, float *out, mx_err *e);
+
+/* config.json without its quantization block (a new cJSON object the
+ * caller deletes, NULL when out of memory). */
+struct cJSON *mx_synth_config_json(const mx_synth_plan *plan);
 
 /* Files besides the weights (used by mx_synth_write; public for tests). */
 int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e);

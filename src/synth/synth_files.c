@@ -103,12 +103,14 @@ static cJSON *quant_block(const mx_synth_plan *plan)
     return q;
 }
 
-int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e)
+cJSON *mx_synth_config_json(const mx_synth_plan *plan)
 {
     const mx_preset *P = plan->p;
     specials sp;
     get_specials(plan, &sp);
     cJSON *c = cJSON_CreateObject();
+    if (!c)
+        return NULL;
     cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString(plan->fam->architecture));
     cJSON_AddStringToObject(c, "model_type", plan->fam->model_type);
@@ -138,8 +140,19 @@ int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e)
     cJSON_AddBoolToObject(c, "output_router_logits", 0);
     cJSON_AddNumberToObject(c, "initializer_range", 0.02);
     cJSON_AddBoolToObject(c, "use_cache", 1);
-    cJSON_AddItemToObject(c, "quantization", quant_block(plan));
-    cJSON_AddItemToObject(c, "quantization_config", quant_block(plan));
+    return c;
+}
+
+int mx_synth_write_config(const mx_synth_plan *plan, const char *dir, mx_err *e)
+{
+    const mx_preset *P = plan->p;
+    specials sp;
+    get_specials(plan, &sp);
+    cJSON *c = mx_synth_config_json(plan);
+    if (c) {
+        cJSON_AddItemToObject(c, "quantization", quant_block(plan));
+        cJSON_AddItemToObject(c, "quantization_config", quant_block(plan));
+    }
     int rc = write_json(c, dir, "config.json", e);
     if (rc)
         return rc;
