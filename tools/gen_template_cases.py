@@ -367,6 +367,578 @@ LLAMA33_INSTRUCT = r"""{{- bos_token }}
 """
 
 
+# ---------------------------------------------------------------- issue 15's families
+# Each constant is the chat template the named checkpoint ships (its
+# tokenizer_config.json "chat_template" or chat_template.jinja), reproduced
+# verbatim from the copy named in SOURCES (the template's source travels with
+# every case as "source").
+
+# Phi-3.5-MoE-instruct (the Phi-3.5 template: an empty system message is
+# skipped).
+PHI35_MOE = ("{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+             "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+             "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+             "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+
+# Qwen3-VL-30B-A3B-Instruct (the Qwen3-VL Instruct template).
+QWEN3_VL_INSTRUCT = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# MiniMax-M2 (chat_template.jinja).  Its first comment has U+2011
+# (non-breaking hyphen) characters, kept as they are.
+MINIMAX_M2 = ("{# ----------\u2011\u2011\u2011 special token variables \u2011\u2011\u2011---------- #}\n" + r"""{%- set toolcall_begin_token   = '<minimax:tool_call>'         -%}
+{%- set toolcall_end_token     = '</minimax:tool_call>'        -%}
+{#- Tool Rendering Functions ============================================== -#}
+{%- macro render_tool_namespace(namespace_name, tool_list) -%}
+{%- for tool in tool_list -%}
+<tool>{{ tool.function | tojson() }}</tool>
+{% endfor -%}
+{%- endmacro -%}
+{%- macro visible_text(content) -%}
+    {%- if content is string -%}
+        {{ content }}
+    {%- elif content is iterable and content is not mapping -%}
+        {%- for item in content -%}
+            {%- if item is mapping and item.type == 'text' -%}
+                {{- item.text }}
+            {%- elif item is string -%}
+                {{- item }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{- content }}
+    {%- endif -%}
+{%- endmacro -%}
+{#- System Message Construction ============================================ -#}
+{%- macro build_system_message(system_message) -%}
+    {%- if system_message and system_message.content -%}
+        {{- visible_text(system_message.content) }}
+    {%- else -%}
+        {%- if model_identity is not defined -%}
+            {%- set model_identity = "You are a helpful assistant." -%}
+        {%- endif -%}
+        {{- model_identity }}
+    {%- endif -%}
+    
+    {#- Handle current_date -#}
+    {%- if system_message and system_message.current_date -%}
+        {{- '\n' ~ 'Current date: ' + system_message.current_date }}
+    {%- endif -%}
+    {#- Handle current_location -#}
+    {%- if system_message and system_message.current_location -%}
+        {{- '\n' ~ 'Current location: ' + system_message.current_location }}
+    {%- endif -%}
+{%- endmacro -%}
+{#- Main Template Logic ================================================= -#}
+{#- Extract system message (only first message if it's system) -#}
+{%- set system_message = none -%}
+{%- set conversation_messages = messages -%}
+{%- if messages and messages[0].role == "system" -%}
+    {%- set system_message = messages[0] -%}
+    {%- set conversation_messages = messages[1:] -%}
+{%- endif -%}
+{#- Get the last user message turn, for interleved thinking -#}
+{%- set ns = namespace(last_user_index=-1) %}
+{% for m in conversation_messages %}
+    {%- if m.role == 'user' %}
+        {% set ns.last_user_index = loop.index0 -%}
+    {%- endif %}
+{%- endfor %}
+{#- Render system message -#}
+{{- ']~!b[' ~ ']~b]system' ~ '\n' }}
+{{- build_system_message(system_message) }}
+{#- Render tools if available -#}
+{%- if tools -%}
+    {{- '\n\n' ~ '# Tools' ~ '\n' ~ 'You may call one or more tools to assist with the user query.\nHere are the tools available in JSONSchema format:' ~ '\n' }}
+    {{- '\n' ~ '<tools>' ~ '\n' }}
+    {{- render_tool_namespace("functions", tools) }}
+    {{- '</tools>' ~ '\n\n' }}
+{{- 'When making tool calls, use XML format to invoke tools and pass parameters:' ~ '\n' }}
+{{- '\n' ~ toolcall_begin_token }}
+<invoke name="tool-name-1">
+<parameter name="param-key-1">param-value-1</parameter>
+<parameter name="param-key-2">param-value-2</parameter>
+...
+</invoke>
+{{- '\n' ~ toolcall_end_token }}
+{%- endif -%}
+{{- '[e~[\n' }}
+{#- Render messages -#}
+{%- set last_tool_call = namespace(name=none) -%}
+{%- for message in conversation_messages -%}
+    {%- if message.role == 'assistant' -%}
+        {#- Only render reasoning_content if no user message follows -#}
+        {{- ']~b]ai' ~ '\n' }}
+        {%- set reasoning_content = '' %}
+        {%- set content = visible_text(message.content) %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].strip('\n').split('<think>')[-1].strip('\n') %}
+                {%- set content = content.split('</think>')[-1].strip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if reasoning_content and loop.index0 > ns.last_user_index -%}
+            {{- '<think>' ~ '\n' ~ reasoning_content ~ '\n' ~ '</think>' ~ '\n\n' }}
+        {%- endif -%}
+        {%- if content -%}
+            {{- content }}
+        {%- endif -%}
+        {%- if message.tool_calls -%}
+            {{- toolcall_begin_token ~ '\n' }}
+            {%- for tool_call in message.tool_calls -%}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<invoke name="' + tool_call.name + '">' }}
+                {% set _args = tool_call.arguments %}
+                {%- for k, v in _args | items %}
+                {{- '<parameter name="' + k + '">' }}
+                {{- v | tojson if v is not string else v }}
+                {{- '</parameter>' }}
+                {% endfor %}
+                {{- '</invoke>' ~ '\n' }}
+            {%- endfor -%}
+            {{- toolcall_end_token}}
+            {%- set last_tool_call.name = message.tool_calls[-1].name -%}
+        {%- else -%}
+            {%- set last_tool_call.name = none -%}
+        {%- endif -%}
+        {{- '[e~[' ~ '\n' }}
+    {%- elif message.role == 'tool' -%}
+    {%- if last_tool_call.name is none -%}
+        {{- raise_exception("Message has tool role, but there was no previous assistant message with a tool call!") }}
+    {%- endif -%}
+    {%- if loop.first or (conversation_messages[loop.index0 - 1].role != 'tool') -%}
+        {{- ']~b]tool' }}
+    {%- endif -%}
+    {%- if message.content is string -%}
+        {{- '\n<response>' }}
+        {{- message.content }}
+        {{- '</response>' }}
+    {%- else -%}
+        {%- for tr in message.content -%}
+            {{- '\n<response>' }}
+            {{- tr.output if tr.output is defined else (tr.text if tr.type == 'text' and tr.text is defined else tr) }}
+            {{- '\n</response>' }}
+        {%- endfor -%}
+    {%- endif -%}
+    {%- if loop.last or (conversation_messages[loop.index0 + 1].role != 'tool') -%}
+        {{- '[e~[\n' -}}
+    {%- endif -%}
+        
+    {%- elif message.role == 'user' -%}
+        {{- ']~b]user' ~ '\n' }}
+        {{- visible_text(message.content) }}
+        {{- '[e~[' ~ '\n' }}
+    {%- endif -%}
+{%- endfor -%}
+{#- Generation prompt -#}
+{%- if add_generation_prompt -%}
+{{- ']~b]ai' ~ '\n' ~ '<think>' ~ '\n' }}
+{%- endif -%}
+""")
+
+# Gemma 4 (the gemma4 chat template: <|turn>role ... <turn|>, tool
+# declarations in its own notation, thinking channel).
+GEMMA4 = r"""{%- macro format_parameters(properties, required) -%}
+    {%- set standard_keys = ['description', 'type', 'properties', 'required', 'nullable'] -%}
+    {%- set ns = namespace(found_first=false) -%}
+    {%- for key, value in properties | dictsort -%}
+        {%- set add_comma = false -%}
+        {%- if key not in standard_keys -%}
+            {%- if ns.found_first %},{% endif -%}
+            {%- set ns.found_first = true -%}
+            {{ key }}:{
+            {%- if value['description'] -%}
+                description:<|"|>{{ value['description'] }}<|"|>
+                {%- set add_comma = true -%}
+            {%- endif -%}
+            {%- if value['nullable'] %}
+                {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                nullable:true
+            {%- endif -%}
+            {%- set value_type = value['type'] if value['type'] is string else value['type'][0] -%}
+            {%- if value_type | upper == 'STRING' -%}
+                {%- if value['enum'] -%}
+                    {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+                    enum:{{ format_argument(value['enum']) }}
+                {%- endif -%}
+            {%- elif value_type | upper == 'OBJECT' -%}
+                ,properties:{
+                {%- if value['properties'] is defined and value['properties'] is mapping -%}
+                    {{- format_parameters(value['properties'], value['required'] | default([])) -}}
+                {%- elif value is mapping -%}
+                    {{- format_parameters(value, value['required'] | default([])) -}}
+                {%- endif -%}
+                }
+                {%- if value['required'] -%}
+                    ,required:[
+                    {%- for item in value['required'] | default([]) -%}
+                        <|"|>{{- item -}}<|"|>
+                        {%- if not loop.last %},{% endif -%}
+                    {%- endfor -%}
+                    ]
+                {%- endif -%}
+            {%- elif value_type | upper == 'ARRAY' -%}
+                {%- if value['items'] is mapping and value['items'] -%}
+                    ,items:{
+                    {%- set ns_items = namespace(found_first=false) -%}
+                    {%- for item_key, item_value in value['items'] | dictsort -%}
+                        {%- if item_value is not none -%}
+                            {%- if ns_items.found_first %},{% endif -%}
+                            {%- set ns_items.found_first = true -%}
+                            {%- if item_key == 'properties' -%}
+                                properties:{
+                                {%- if item_value is mapping -%}
+                                    {{- format_parameters(item_value, value['items']['required'] | default([])) -}}
+                                {%- endif -%}
+                                }
+                            {%- elif item_key == 'required' -%}
+                                required:[
+                                {%- for req_item in item_value -%}
+                                    <|"|>{{- req_item -}}<|"|>
+                                    {%- if not loop.last %},{% endif -%}
+                                {%- endfor -%}
+                                ]
+                            {%- elif item_key == 'type' -%}
+                                {%- if item_value is string -%}
+                                    type:{{ format_argument(item_value | upper) }}
+                                {%- else -%}
+                                    type:{{ format_argument(item_value | map('upper') | list) }}
+                                {%- endif -%}
+                            {%- else -%}
+                                {{ item_key }}:{{ format_argument(item_value) }}
+                            {%- endif -%}
+                        {%- endif -%}
+                    {%- endfor -%}
+                    }
+                {%- endif -%}
+            {%- endif -%}
+            {%- if add_comma %},{%- else -%} {%- set add_comma = true -%} {% endif -%}
+            type:<|"|>{{ value_type | upper }}<|"|>}
+        {%- endif -%}
+    {%- endfor -%}
+{%- endmacro -%}
+{%- macro format_function_declaration(tool_data) -%}
+    declaration:{{- tool_data['function']['name'] -}}{description:<|"|>{{- tool_data['function']['description'] -}}<|"|>
+    {%- set params = tool_data['function']['parameters'] -%}
+    {%- if params -%}
+        ,parameters:{
+        {%- if params['properties'] -%}
+            properties:{ {{- format_parameters(params['properties'], params['required']) -}} },
+        {%- endif -%}
+        {%- if params['required'] -%}
+            required:[
+            {%- for item in params['required'] -%}
+                <|"|>{{- item -}}<|"|>
+                {{- ',' if not loop.last -}}
+            {%- endfor -%}
+            ],
+        {%- endif -%}
+        {%- if params['type'] -%}
+            type:<|"|>{{- params['type'] | upper -}}<|"|>}
+        {%- endif -%}
+    {%- endif -%}
+    {%- if 'response' in tool_data['function'] -%}
+        {%- set response_declaration = tool_data['function']['response'] -%}
+        ,response:{
+        {%- if response_declaration['description'] -%}
+            description:<|"|>{{- response_declaration['description'] -}}<|"|>,
+        {%- endif -%}
+        {%- if response_declaration['type'] | upper == 'OBJECT' -%}
+            type:<|"|>{{- response_declaration['type'] | upper -}}<|"|>}
+        {%- endif -%}
+    {%- endif -%}
+    }
+{%- endmacro -%}
+{%- macro format_argument(argument, escape_keys=True) -%}
+    {%- if argument is string -%}
+        {{- '<|"|>' + argument + '<|"|>' -}}
+    {%- elif argument is boolean -%}
+        {{- 'true' if argument else 'false' -}}
+    {%- elif argument is mapping -%}
+        {{- '{' -}}
+        {%- set ns = namespace(found_first=false) -%}
+        {%- for key, value in argument | dictsort -%}
+            {%- if ns.found_first %},{% endif -%}
+            {%- set ns.found_first = true -%}
+            {%- if escape_keys -%}
+                {{- '<|"|>' + key + '<|"|>' -}}
+            {%- else -%}
+                {{- key -}}
+            {%- endif -%}
+            :{{- format_argument(value, escape_keys=escape_keys) -}}
+        {%- endfor -%}
+        {{- '}' -}}
+    {%- elif argument is sequence -%}
+        {{- '[' -}}
+        {%- for item in argument -%}
+            {{- format_argument(item, escape_keys=escape_keys) -}}
+            {%- if not loop.last %},{% endif -%}
+        {%- endfor -%}
+        {{- ']' -}}
+    {%- else -%}
+        {{- argument -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro strip_thinking(text) -%}
+    {%- set ns = namespace(result='') -%}
+    {%- for part in text.split('<channel|>') -%}
+        {%- if '<|channel>' in part -%}
+            {%- set ns.result = ns.result + part.split('<|channel>')[0] -%}
+        {%- else -%}
+            {%- set ns.result = ns.result + part -%}
+        {%- endif -%}
+    {%- endfor -%}
+    {{- ns.result | trim -}}
+{%- endmacro -%}
+
+{%- set ns = namespace(prev_message_type=None) -%}
+{%- set loop_messages = messages -%}
+{{ bos_token }}
+{#- Handle System/Tool Definitions Block -#}
+{%- if (enable_thinking is defined and enable_thinking) or tools or messages[0]['role'] in ['system', 'developer'] -%}
+    {{- '<|turn>system\n' -}}
+
+    {#- Inject Thinking token at the very top of the FIRST system turn -#}
+    {%- if enable_thinking is defined and enable_thinking -%}
+        {{- '<|think|>' -}}
+        {%- set ns.prev_message_type = 'think' -%}
+    {%- endif -%}
+
+    {%- if messages[0]['role'] in ['system', 'developer'] -%}
+        {{- messages[0]['content'] | trim -}}
+        {%- set loop_messages = messages[1:] -%}
+    {%- endif -%}
+
+    {%- if tools -%}
+        {%- for tool in tools %}
+            {{- '<|tool>' -}}
+            {{- format_function_declaration(tool) | trim -}}
+            {{- '<tool|>' -}}
+        {%- endfor %}
+        {%- set ns.prev_message_type = 'tool' -%}
+    {%- endif -%}
+
+    {{- '<turn|>\n' -}}
+{%- endif %}
+
+{#- Loop through messages -#}
+{%- for message in loop_messages -%}
+    {%- set ns.prev_message_type = None -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+        {{- '<|turn>' + role + '\n' }}
+
+            {%- if message['tool_calls'] -%}
+                {%- for tool_call in message['tool_calls'] -%}
+                    {%- set function = tool_call['function'] -%}
+                    {{- '<|tool_call>call:' + function['name'] + '{' -}}
+                    {%- if function['arguments'] is mapping -%}
+                        {%- set ns_args = namespace(found_first=false) -%}
+                        {%- for key, value in function['arguments'] | dictsort -%}
+                            {%- if ns_args.found_first %},{% endif -%}
+                            {%- set ns_args.found_first = true -%}
+                            {{- key -}}:{{- format_argument(value, escape_keys=False) -}}
+                        {%- endfor -%}
+                    {%- elif function['arguments'] is string -%}
+                        {{- function['arguments'] -}}
+                    {%- endif -%}
+                    {{- '}<tool_call|>' -}}
+                {%- endfor -%}
+                {%- set ns.prev_message_type = 'tool_call' -%}
+            {%- endif -%}
+
+            {%- if message['tool_responses'] -%}
+                {#- Tool Response handling -#}
+                {%- for tool_response in message['tool_responses'] -%}
+                    {{- '<|tool_response>' -}}
+                    {%- if tool_response['response'] is mapping -%}
+                        {{- 'response:' + tool_response['name'] | default('unknown') + '{' -}}
+                        {%- for key, value in tool_response['response'] | dictsort -%}
+                            {{- key -}}:{{- format_argument(value, escape_keys=False) -}}
+                            {%- if not loop.last %},{% endif -%}
+                        {%- endfor -%}
+                        {{- '}' -}}
+                    {%- else -%}
+                        {{- 'response:' + tool_response['name'] | default('unknown') + '{value:' + format_argument(tool_response['response'], escape_keys=False) + '}' -}}
+                    {%- endif -%}
+                    {{- '<tool_response|>' -}}
+                {%- endfor -%}
+                {%- set ns.prev_message_type = 'tool_response' -%}
+            {%- endif -%}
+
+            {%- if message['content'] is string -%}
+                {%- if role == 'model' -%}
+                    {{- strip_thinking(message['content']) -}}
+                {%- else -%}
+                    {{- message['content'] | trim -}}
+                {%- endif -%}
+            {%- elif message['content'] is sequence -%}
+                {%- for item in message['content'] -%}
+                    {%- if item['type'] == 'text' -%}
+                        {%- if role == 'model' -%}
+                            {{- strip_thinking(item['text']) -}}
+                        {%- else -%}
+                            {{- item['text'] | trim -}}
+                        {%- endif -%}
+                    {%- elif item['type'] == 'image' -%}
+                        {{- '\n\n<|image|>\n\n' -}}
+                        {%- set ns.prev_message_type = 'image' -%}
+                    {%- elif item['type'] == 'audio' -%}
+                        {{- '<|audio|>' -}}
+                        {%- set ns.prev_message_type = 'audio' -%}
+                    {%- elif item['type'] == 'video' -%}
+                        {{- '\n\n<|video|>\n\n' -}}
+                        {%- set ns.prev_message_type = 'video' -%}
+                    {%- endif -%}
+                {%- endfor -%}
+            {%- endif -%}
+
+        {%- if not (message['tool_responses'] and not message['content']) -%}
+            {{- '<turn|>\n' -}}
+        {%- endif -%}
+{%- endfor -%}
+
+{%- if add_generation_prompt -%}
+    {%- if ns.prev_message_type != 'tool_response' -%}
+        {{- '<|turn>model\n' -}}
+    {%- endif -%}
+    {%- if not enable_thinking | default(false) -%}
+        {{- '<|channel>thought\n<channel|>' -}}
+    {%- endif -%}
+{%- endif -%}
+"""
+
+# Where each template of issue 15 comes from (travels with its cases).
+SOURCES = {
+    "phi3.5-moe": "microsoft/Phi-3.5-MoE-instruct tokenizer_config.json chat_template (the Phi-3.5 template, which skips an empty system message); text as quoted verbatim in public copies, e.g. the Berkeley function-calling leaderboard's Phi handler (ShishirPatil/gorilla)",
+    "qwen3-vl": "Qwen/Qwen3-VL-30B-A3B-Instruct chat_template (the Qwen3-VL Instruct template); text from a copy stated byte-identical to Qwen/Qwen3-VL-8B-Instruct's (NVIDIA TAO cosmos-rl dataset code), equal to an independent copy in a C++ test (caiwei text_tool)",
+    "minimax-m2": "MiniMaxAI/MiniMax-M2 chat_template.jinja; llama.cpp's copy models/templates/MiniMax-M2.jinja (github.com/pwilkin/llama.cpp @773abba79703), 6390 characters",
+    "gemma4": "Gemma 4 chat template; llama.cpp's copy models/templates/gemma4.jinja (github.com/ggml-org/llama.cpp @75f1ba738906), 12133 characters (google/gemma-4-31B-it also ships an interleaved-thinking variant)",
+}
+
 def M(role, content, **kw):
     d = {"role": role, "content": content}
     d.update(kw)
@@ -445,12 +1017,15 @@ QWEN3_CONVS = {
 def real_cases():
     cases = []
 
-    def add(prefix, tmpl, convs, extra=None, gen=(True, False)):
+    def add(prefix, tmpl, convs, extra=None, gen=(True, False), source=None):
         for cname, msgs in convs.items():
             for g in gen:
                 ctx = {"messages": msgs, "add_generation_prompt": g}
                 ctx.update(extra or {})
-                cases.append(render(f"{prefix}/{cname}/gen={int(g)}", tmpl, ctx))
+                case = render(f"{prefix}/{cname}/gen={int(g)}", tmpl, ctx)
+                if source:
+                    case["source"] = SOURCES[source]
+                cases.append(case)
 
     toks = {"bos_token": "<s>", "eos_token": "</s>"}
     add("qwen1.5-chat", QWEN15_CHAT, CONVERSATIONS, {"eos_token": "<|im_end|>"})
@@ -497,7 +1072,109 @@ def real_cases():
                                                                          {"function": {"name": "b", "arguments": {}}}]}],
         "no_user_for_tools": [SYS],
     }, dict(l33, tools=[TIME_TOOL]), gen=(True,))
+    issue15_cases(add)
     return cases
+
+
+# A tool whose parameters use every JSON Schema shape Gemma 4's declaration
+# notation handles: nested objects, arrays of objects, type lists, nullable.
+ORDER_TOOL = {"type": "function", "function": {
+    "name": "place_order", "description": "Order items",
+    "parameters": {"type": "object", "required": ["items"], "properties": {
+        "items": {"type": "array", "description": "What to order",
+                  "items": {"type": "object", "required": ["sku"],
+                            "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}}}},
+        "address": {"type": "object", "description": "Where",
+                    "properties": {"city": {"type": "string"}, "zip": {"type": ["string", "null"]}},
+                    "required": ["city"]},
+        "tags": {"type": "array", "items": {"type": ["string", "number"]}},
+        "gift": {"type": "boolean", "nullable": True},
+        "note": {"type": "string", "enum": ["fast", "cheap"], "description": "Shipping"},
+    }},
+    "response": {"type": "object", "description": "The order id"},
+}}
+
+
+def issue15_cases(add):
+    """The chat templates of issue 15's families, on plain conversations and
+    on what each template handles specially (tools, reasoning, content
+    lists, vision items)."""
+    # Phi-3.5-MoE-instruct
+    phi = {"bos_token": "<s>", "eos_token": "<|endoftext|>"}
+    add("phi3.5-moe", PHI35_MOE, dict(CONVERSATIONS, empty_system=[M("system", ""), U1, A1, U2]),
+        phi, source="phi3.5-moe")
+    # Qwen3-VL-30B-A3B-Instruct
+    vl = [
+        M("system", [{"type": "text", "text": "Look carefully."}]),
+        M("user", [{"type": "image", "image": "a.png"}, {"type": "text", "text": "What is this?"}]),
+        M("assistant", [{"type": "text", "text": "A cat."}]),
+        M("user", [{"type": "video", "video": "b.mp4"}, {"type": "image_url", "image_url": {"url": "c.png"}},
+                   {"type": "text", "text": "And these?"}]),
+    ]
+    vl_tool = [
+        U1,
+        M("assistant", "", tool_calls=[{"type": "function", "function": {"name": "now", "arguments": "{}"}},
+                                       {"name": "get_weather", "arguments": {"city": "Oslo"}}]),
+        M("tool", [{"type": "text", "text": "noon"}, {"type": "image"}]),
+        M("tool", "cold"),
+    ]
+    add("qwen3-vl", QWEN3_VL_INSTRUCT, CONVERSATIONS, {"tools": None}, source="qwen3-vl")
+    add("qwen3-vl-vision", QWEN3_VL_INSTRUCT, {"vision": vl, "tool_content_list": vl_tool},
+        source="qwen3-vl")
+    add("qwen3-vl-vision-ids", QWEN3_VL_INSTRUCT, {"vision": vl, "tool_content_list": vl_tool},
+        {"add_vision_id": True}, source="qwen3-vl")
+    add("qwen3-vl-tools", QWEN3_VL_INSTRUCT, {"tool_conv": TOOL_CONV, "user": [U1], "vision": vl},
+        {"tools": [WEATHER_TOOL, TIME_TOOL]}, source="qwen3-vl")
+    # MiniMax-M2
+    mm = {
+        "reasoning_field": [SYS, U1, M("assistant", "It is 4.", reasoning_content="Simple addition."), U2],
+        "last_assistant_reasoning": [U1, M("assistant", "It is 4.", reasoning_content="adding")],
+        "think_in_content": [U1, M("assistant", "<think>\nadd them\n</think>\n\nIt is 4.")],
+        "content_list": [M("user", [{"type": "text", "text": "Hi "}, {"type": "image"}, "there"])],
+        "system_date": [M("system", "Be brief.", current_date="2025-01-15", current_location="Paris"), U1],
+        "system_only_date": [M("system", "", current_date="2025-01-15"), U1],
+        "tool_list_content": [
+            U1,
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "now", "arguments": {}}]},
+            M("tool", [{"type": "text", "text": "noon"}, {"output": "12:00"}, {"type": "json", "x": 1}]),
+        ],
+        "tool_without_call": [U1, M("tool", "x")],
+    }
+    add("minimax-m2", MINIMAX_M2, CONVERSATIONS, source="minimax-m2")
+    add("minimax-m2", MINIMAX_M2, mm, source="minimax-m2")
+    add("minimax-m2-identity", MINIMAX_M2, {"user": [U1]}, {"model_identity": "You are M2."},
+        source="minimax-m2")
+    add("minimax-m2-tools", MINIMAX_M2, {"tool_conv": TOOL_CONV, "user": [U1]},
+        {"tools": [WEATHER_TOOL, TIME_TOOL]}, source="minimax-m2")
+    # Gemma 4
+    g4 = {"bos_token": "<bos>", "eos_token": "<eos>"}
+    g4_convs = {
+        "developer": [M("developer", "  Be terse.  "), U1],
+        "thinking_in_content": [U1, M("assistant", "<|channel>thought\nadd<channel|>It is 4."), U2],
+        "content_list": [M("user", [{"type": "text", "text": " Look: "}, {"type": "image"},
+                                    {"type": "audio"}, {"type": "video"}]),
+                         M("assistant", [{"type": "text", "text": "<|channel>thought\nx<channel|> A cat. "}])],
+        "tool_calls": [
+            SYS, M("user", "Order two apples to Paris, and the time?"),
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "place_order", "arguments": {
+                    "items": [{"sku": "apple", "qty": 2}], "address": {"city": "Paris", "zip": None},
+                    "gift": False, "tags": ["a", 1.5]}}},
+                {"type": "function", "function": {"name": "now", "arguments": "tz:<|\"|>UTC<|\"|>"}},
+            ]},
+            {"role": "tool", "tool_responses": [
+                {"name": "place_order", "response": {"id": 17, "ok": True, "eta": ["mon", "tue"]}},
+                {"name": "now", "response": "noon"},
+                {"response": 3},
+            ]},
+        ],
+    }
+    add("gemma4", GEMMA4, CONVERSATIONS, g4, source="gemma4")
+    add("gemma4", GEMMA4, g4_convs, g4, source="gemma4")
+    add("gemma4-thinking", GEMMA4, {"multi": CONVERSATIONS["multi"], "sys_user": [SYS, U1]},
+        dict(g4, enable_thinking=True), source="gemma4")
+    add("gemma4-tools", GEMMA4, {"user": [U1], "tool_calls": g4_convs["tool_calls"]},
+        dict(g4, tools=[WEATHER_TOOL, TIME_TOOL, ORDER_TOOL]), source="gemma4")
 
 
 # ---------------------------------------------------------------- unit cases
