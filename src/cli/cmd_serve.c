@@ -19,7 +19,7 @@ static void help(FILE *f)
     fprintf(f, "usage: mlxcel serve -m DIR [options]\n\n"
            "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
            "GET /v1/models, GET /health, POST /tokenize, POST /detokenize, POST /apply-template,\n"
-           "GET /props, GET /slots, GET /metrics (docs/server.md).\n"
+           "GET /props, GET /slots, GET /metrics, and a chat page at GET / (docs/server.md).\n"
            "Requests are decoded together (continuous batching); logs go to stderr.\n\n"
            "server:\n"
            "      --host ADDR         address to listen on (default 127.0.0.1; 0.0.0.0 exposes it)\n"
@@ -38,6 +38,7 @@ static void help(FILE *f)
            "      --cors-origin ORIGIN  allow browsers from ORIGIN ('*' for any) to call the API\n"
            "                          (CORS headers and preflight; default: off)\n"
            "      --metrics           serve GET /metrics (Prometheus text format)\n"
+           "      --no-webui          no chat page at GET / (404 there)\n"
            "      --chat-template-file FILE  use this Jinja chat template instead of the\n"
            "                          checkpoint's (e.g. one with tool support)\n"
            "      --quiet             no per-request log lines\n"
@@ -106,6 +107,8 @@ static int parse(int argc, char **argv, cli_opts *co, mx_server_opts *so, const 
             so->cors_origin = *v ? v : NULL;
         } else if (!strcmp(a, "--metrics")) {
             so->metrics = 1;
+        } else if (!strcmp(a, "--no-webui")) {
+            so->webui = 0;
         } else if (!strcmp(a, "--chat-template-file")) {
             VAL();
             *tmpl_file = v;

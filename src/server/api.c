@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "grammar/grammar.h"
+#include "moe/moe.h"
 #include "server/srv_int.h"
 #include "util/clock.h"
 
@@ -942,6 +943,23 @@ static cJSON *usage_json(const srv_req *r, int n_gen)
     return u;
 }
 
+/* llama-server's "timings": the prompt tokens prefilled (cache hits
+ * excluded) and the tokens generated, with the scheduler's seconds for each.
+ * Decode speed as `mlxcel generate --stats` has it: the first token comes
+ * from the prefill, the others from the decode seconds. */
+static cJSON *timings_json(const srv_req *r)
+{
+    cJSON *t = cJSON_CreateObject();
+    int dec = r->n_gen > 1 ? r->n_gen - 1 : 0;
+    cJSON_AddNumberToObject(t, "prompt_n", r->n_prefilled);
+    cJSON_AddNumberToObject(t, "prompt_ms", r->t_prefill * 1e3);
+    cJSON_AddNumberToObject(t, "prompt_per_second", r->t_prefill > 0 ? r->n_prefilled / r->t_prefill : 0.0);
+    cJSON_AddNumberToObject(t, "predicted_n", r->n_gen);
+    cJSON_AddNumberToObject(t, "predicted_ms", r->t_decode * 1e3);
+    cJSON_AddNumberToObject(t, "predicted_per_second", r->t_decode > 0 ? dec / r->t_decode : 0.0);
+    return t;
+}
+
 /* A cJSON string from bytes that are not NUL-terminated. */
 static cJSON *string_n(const char *s, size_t n)
 {
@@ -1183,6 +1201,7 @@ void srv_completion_json(const srv_ctx *c, const srv_req *r, srv_reply *rep)
         cJSON_AddStringToObject(ch, "finish_reason", srv_finish_reason(r, sc, n_calls));
     }
     cJSON_AddItemToObject(o, "usage", usage_json(r, r->n_gen));
+    cJSON_AddItemToObject(o, "timings", timings_json(r));
     reply_json(rep, o);
 }
 
@@ -1283,6 +1302,7 @@ char *srv_usage_sse(const srv_ctx *c, const srv_req *r, int n_gen)
     cJSON *o = envelope(c, r, r->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
     cJSON_AddArrayToObject(o, "choices");
     cJSON_AddItemToObject(o, "usage", usage_json(r, n_gen));
+    cJSON_AddItemToObject(o, "timings", timings_json(r));
     return sse(o);
 }
 
@@ -1388,6 +1408,14 @@ void srv_props(const srv_ctx *c, srv_reply *rep)
     cJSON_AddNumberToObject(p, "min_p", sp->min_p);
     cJSON_AddNumberToObject(p, "repeat_penalty", sp->repeat_penalty);
     cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n);
+    /* the MoE blocks run on each path since the server started, all
+     * requests together (the chat page shows what one reply added) */
+    mx_moe_stats ms;
+    mx_moe_stats_get(&ms);
+    cJSON *md = cJSON_AddObjectToObject(o, "moe_dispatch");
+    cJSON_AddBoolToObject(md, "fused_enabled", mx_moe_fused_enabled());
+    cJSON_AddNumberToObject(md, "fused", (double)ms.fused);
+    cJSON_AddNumberToObject(md, "gather", (double)ms.gather);
     cJSON *mod = cJSON_AddObjectToObject(o, "modalities");
     cJSON_AddBoolToObject(mod, "vision", 0);
     cJSON_AddBoolToObject(mod, "audio", 0);

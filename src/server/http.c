@@ -25,7 +25,7 @@
 
 /* Routes (see route()). */
 enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
-       R_APPLY_TEMPLATE, R_PROPS, R_SLOTS, R_METRICS, R_COUNT };
+       R_APPLY_TEMPLATE, R_PROPS, R_SLOTS, R_METRICS, R_WEBUI, R_COUNT };
 
 struct mx_server {
     mx_engine *g;
@@ -84,6 +84,7 @@ void mx_server_opts_defaults(mx_server_opts *o)
     o->timeout_s = 30;
     o->max_conns = 64;
     o->prefill_chunk = 256;
+    o->webui = 1;
 }
 
 /* ---- responses ---- */
@@ -348,7 +349,10 @@ static enum MHD_Result start_stream(conn_state *cs, struct MHD_Connection *conn,
         stream_free(ss);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    /* the charset named, as OpenAI's API does: clients that decode a text
+     * type without one as Latin-1 (Python's requests, the DevTools
+     * protocol) would garble the UTF-8 */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     common_headers(s, resp);
     enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
@@ -516,6 +520,8 @@ static enum MHD_Result first_call(conn_state *cs, struct MHD_Connection *conn, c
 {
     mx_server *s = cs->srv;
     int post = 0, r = route(url, &post);
+    if (r == R_NONE && s->o.webui && srv_webui_find(url))
+        r = R_WEBUI;
     cs->route = r;
     if (r == R_NONE)
         return send_error(cs, conn, 404, "not_found", "unknown endpoint");
@@ -528,7 +534,8 @@ static enum MHD_Result first_call(conn_state *cs, struct MHD_Connection *conn, c
     if (r == R_METRICS && !s->o.metrics)
         return send_error(cs, conn, 404, "not_found",
                           "metrics are off: start the server with --metrics");
-    if (r != R_HEALTH && !authorized(s, conn))
+    /* the page itself holds no secret: it asks for the key (webui.c) */
+    if (r != R_HEALTH && r != R_WEBUI && !authorized(s, conn))
         return send_error(cs, conn, 401, "invalid_api_key",
                           "missing or wrong API key (Authorization: Bearer KEY)");
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -613,11 +620,28 @@ static enum MHD_Result send_metrics(conn_state *cs, struct MHD_Connection *conn)
     return send_body(cs, conn, 200, b, "text/plain; version=0.0.4; charset=utf-8");
 }
 
+/* GET / and /webui/...: the chat page's files (webui.c). */
+static enum MHD_Result send_webui(conn_state *cs, struct MHD_Connection *conn, const char *url)
+{
+    const srv_webui_file *f = srv_webui_find(url);
+    struct MHD_Response *resp = f ? srv_webui_response(f) : NULL;
+    if (!resp)
+        return send_error(cs, conn, f ? 500 : 404, NULL, f ? "out of memory" : "unknown endpoint");
+    common_headers(cs->srv, resp);
+    enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    if (ok == MHD_YES)
+        cs->status = 200;
+    return ok;
+}
+
 static enum MHD_Result full_request(conn_state *cs, struct MHD_Connection *conn, const char *url)
 {
     mx_server *s = cs->srv;
     int post = 0;
     srv_reply rep = {0};
+    if (cs->route == R_WEBUI)
+        return send_webui(cs, conn, url);
     switch (route(url, &post)) {
     case R_HEALTH: {
         int busy, queued;

@@ -198,6 +198,9 @@ static void choice_results(srv_sched *sc, srv_req *r, const mx_gen_stats *st)
     int first = r->cur % r->n == 0;
     if (first)
         r->n_cached += st->n_cached;
+    r->n_prefilled += st->n_prompt - st->n_cached;
+    r->t_prefill += st->t_prefill;
+    r->t_decode += st->t_decode > 0 ? st->t_decode : 0;
     sc->totals.prompt_tokens += (unsigned long long)(st->n_prompt - st->n_cached);
     if (first)
         sc->totals.cached_tokens += (unsigned long long)st->n_cached;

@@ -2,8 +2,8 @@
  *
  * Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models
  * (and /v1/models/{id}), GET /health, POST /tokenize, POST /detokenize,
- * POST /apply-template, GET /props, GET /slots, GET /metrics (see
- * docs/server.md).
+ * POST /apply-template, GET /props, GET /slots, GET /metrics, and the chat
+ * page at GET / (see docs/server.md).
  *
  * Threads: libmicrohttpd runs one thread per connection; those threads parse
  * and validate requests, tokenize, then hand a request to the scheduler and
@@ -38,6 +38,7 @@ typedef struct mx_server_opts {
                                    sequence, 2 always one mx_forward_batch */
     const char *cors_origin;    /* Access-Control-Allow-Origin value; NULL: no CORS */
     int metrics;                /* serve GET /metrics (Prometheus text) */
+    int webui;                  /* serve the chat page at GET / (default on) */
 } mx_server_opts;
 
 void mx_server_opts_defaults(mx_server_opts *o);

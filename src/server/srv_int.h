@@ -84,6 +84,8 @@ typedef struct srv_req {
     srv_choice *ch;              /* [n_choices], generated one after another */
     int cur;                     /* the choice being generated */
     int n_gen, n_cached;         /* over all choices */
+    int n_prefilled;             /* prompt tokens prefilled (not cached), all choices */
+    double t_prefill, t_decode;  /* seconds, summed over the choices (timings) */
     const char *finish;          /* the last choice's: "stop", "length", "cancelled" */
     int err_status;              /* nonzero: the request failed with this HTTP status */
     const char *err_code;        /* its OpenAI error code (NULL: none) */
@@ -242,5 +244,24 @@ void srv_props(const srv_ctx *c, srv_reply *rep);
 void srv_apply_template(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
 void srv_tokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
 void srv_detokenize(const srv_ctx *c, const char *body, size_t len, srv_reply *rep);
+
+/* ---- the chat page (webui.c) ---- */
+
+/* A file of webui/, embedded by scripts/embed_webui.cmake. */
+typedef struct srv_webui_file {
+    const char *url;             /* "/" for index.html, else "/webui/<path>" */
+    const char *type;            /* Content-Type */
+    const unsigned char *data;
+    size_t len;
+} srv_webui_file;
+
+extern const srv_webui_file srv_webui_files[];
+extern const int srv_webui_n_files;
+
+/* The embedded file served at url (a path without its query), or NULL. */
+const srv_webui_file *srv_webui_find(const char *url);
+/* A response with f's bytes and the page's headers (Content-Type,
+ * Content-Security-Policy, ...); NULL when out of memory. */
+struct MHD_Response *srv_webui_response(const srv_webui_file *f);
 
 #endif
