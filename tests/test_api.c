@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "format/safetensors.h"
 #include "mlxcel.h"
@@ -621,6 +622,65 @@ static void test_threads(mlxcel_model *m, const ref_greedy *r)
     }
 }
 
+/* ---- a checkpoint without tokenizer.json --------------------------------------- */
+
+static int saw_text;
+static int on_token_text(void *user, int32_t id, const char *text, size_t len)
+{
+    saw_text |= text != NULL || len != 0;
+    return on_token(user, id, text, len);
+}
+
+/* kjv-moe's weights and config without its tokenizer: ids in, ids out. */
+static void test_no_tokenizer(const char *kjv, const ref_greedy *r)
+{
+    char tmp[] = "/tmp/mlxcel_api_XXXXXX", from[1200], to[1200];
+    if (!mkdtemp(tmp)) {
+        CHECKF(0, "mkdtemp failed");
+        return;
+    }
+    static const char *const files[] = {"config.json", "generation_config.json", "model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(from, sizeof from, "%s/%s", kjv, files[i]);
+        snprintf(to, sizeof to, "%s/%s", tmp, files[i]);
+        CHECK(symlink(from, to) == 0);
+    }
+    mlxcel_model *m = NULL;
+    CHECK_STATUS(mlxcel_model_load(tmp, NULL, &m), MLXCEL_OK);
+    if (m) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char *text = NULL;
+        CHECK(mlxcel_model_has_tokenizer(m) == 0);
+        CHECK_STATUS(mlxcel_tokenize(m, "a", 1, 1, &ids, &n), MLXCEL_EUNSUPPORTED);
+        CHECK_MSG("tokenizer.json");
+        CHECK_STATUS(mlxcel_detokenize(m, r->greedy, 1, 0, &text, NULL), MLXCEL_EUNSUPPORTED);
+        CHECK_STATUS(mlxcel_chat_render(m, "[]", NULL, NULL, 1, &text), MLXCEL_EUNSUPPORTED);
+        CHECK(mlxcel_token_id(m, "a") == -1);
+        mlxcel_context *c = NULL;
+        CHECK_STATUS(mlxcel_context_new(m, 64, &c), MLXCEL_OK);
+        if (c) {
+            set_greedy(c);
+            mlxcel_generate_options go;
+            mlxcel_generate_options_init(&go);
+            go.max_tokens = (int)r->n_greedy;
+            collect k = {0};
+            saw_text = 0;
+            CHECK_STATUS(mlxcel_generate(c, r->prompt_ids, r->n_prompt, &go, on_token_text, &k, NULL),
+                         MLXCEL_OK);
+            CHECK(k.n == (int)r->n_greedy && !memcmp(k.ids, r->greedy, r->n_greedy * sizeof *k.ids));
+            CHECK(saw_text == 0);   /* no tokenizer: no text */
+        }
+        mlxcel_context_free(c);
+    }
+    mlxcel_model_free(m);
+    for (int i = 0; i < 3; i++) {
+        snprintf(to, sizeof to, "%s/%s", tmp, files[i]);
+        unlink(to);
+    }
+    rmdir(tmp);
+}
+
 /* ---- a chat checkpoint (fixtures) ------------------------------------------------- */
 
 static void test_chat_fixture(const char *fixtures)
@@ -706,6 +766,7 @@ int main(void)
     test_greedy(kjv, &r, 0, -1);
     test_greedy(kjv, &r, 0, 0);
     test_greedy(kjv, &r, 1, 1);
+    test_no_tokenizer(kjv, &r);
     const char *fx = test_fixtures();
     if (fx)
         test_chat_fixture(fx);

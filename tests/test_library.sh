@@ -96,6 +96,15 @@ else
   ok "mlxcel.h includes only stddef.h and stdint.h"
 fi
 
+# docs/library.md shows the examples verbatim (so what it shows is what runs)
+for ex in c:generate.c python:generate.py; do
+  awk -v fence="\`\`\`${ex%%:*}" '$0 == fence && !done { on = 1; next } on && $0 == "```" { on = 0; done = 1 } on' \
+    "$SRC/docs/library.md" > "$T/doc_${ex#*:}"
+  cmp -s "$T/doc_${ex#*:}" "$SRC/examples/${ex#*:}" &&
+    ok "docs/library.md shows examples/${ex#*:} as it is" ||
+    bad "docs/library.md's first \`\`\`${ex%%:*} block differs from examples/${ex#*:}"
+done
+
 # the C example, built the three ways a user would
 # shellcheck disable=SC2046
 "$CC" "$SRC/examples/generate.c" "${SAN[@]}" $(pkg-config --cflags --libs mlxcel) -o "$T/gen" 2> "$T/cc.err" &&
