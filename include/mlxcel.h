@@ -237,7 +237,9 @@ MLXCEL_API int mlxcel_context_tokens(const mlxcel_context *c, int32_t *ids, size
 MLXCEL_API int mlxcel_context_reset(mlxcel_context *c);
 /* Keeps the first n cached tokens and drops the rest (0 <= n <=
  * n_tokens), so a new continuation reuses their K/V.  The logits are gone
- * until the next prefill or decode. */
+ * until the next prefill or decode.  A model with recurrent layers
+ * (qwen3_next, lfm2_moe) cannot step its state back: keeping fewer tokens
+ * than it holds runs the kept ones through the model again. */
 MLXCEL_API int mlxcel_context_keep(mlxcel_context *c, int n);
 
 /* Runs n tokens through the model after those already cached (a prompt, or
@@ -251,7 +253,8 @@ MLXCEL_API int mlxcel_context_decode(mlxcel_context *c, int32_t id);
 /* Makes the cache hold exactly ids[0..n), reusing the longest common
  * prefix already cached: only the rest runs through the model (the last
  * token always does, so fresh logits follow).  *n_reused (may be NULL)
- * gets how many cached tokens were reused.  n must be >= 1. */
+ * gets how many cached tokens were reused (0 for a model with recurrent
+ * layers unless the whole cache is the prefix).  n must be >= 1. */
 MLXCEL_API int mlxcel_context_set_tokens(mlxcel_context *c, const int32_t *ids, size_t n,
                                          size_t *n_reused);
 

@@ -737,6 +737,79 @@ static void test_chat_fixture(const char *fixtures)
     mx_st_close(ref);
 }
 
+/* A model with recurrent layers: keep and set_tokens must start its state
+ * over and run the kept tokens again; the result equals a fresh context fed
+ * the same way, and greedy generation gives the reference ids. */
+static void test_recurrent_fixture(const char *fixtures, const char *name)
+{
+    char dir[1024], path[1100];
+    snprintf(dir, sizeof dir, "%s/%s", fixtures, name);
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    mx_st_set *ref = NULL;
+    mx_err e = {0};
+    CHECK_OK(mx_st_open_file(path, &ref, &e), &e);
+    const mx_tensor *tp = ref ? mx_st_find(ref, "prompt_ids") : NULL;
+    const mx_tensor *tg = ref ? mx_st_find(ref, "greedy_ids") : NULL;
+    mlxcel_model *m = NULL;
+    mlxcel_context *a = NULL, *b = NULL;
+    CHECK_STATUS(mlxcel_model_load(dir, NULL, &m), MLXCEL_OK);
+    if (m)
+        CHECK_STATUS(mlxcel_context_new(m, 64, &a), MLXCEL_OK);
+    if (m)
+        CHECK_STATUS(mlxcel_context_new(m, 64, &b), MLXCEL_OK);
+    if (!tp || !tg || !a || !b || mx_tensor_numel(tg) < 8) {
+        CHECKF(0, "%s: cannot run the recurrent checks", name);
+        goto done;
+    }
+    const int V = mlxcel_model_n_vocab(m);
+    const int32_t *prompt = tp->data, *greedy = tg->data;
+    const size_t P = (size_t)mx_tensor_numel(tp);
+    int32_t seq[MAX_IDS * 2];
+    memcpy(seq, prompt, P * sizeof *seq);
+    memcpy(seq + P, greedy, 8 * sizeof *seq);
+    CHECK_STATUS(mlxcel_context_prefill(a, prompt, P), MLXCEL_OK);
+    for (size_t i = 0; i < 4; i++)
+        CHECK_STATUS(mlxcel_context_decode(a, greedy[i]), MLXCEL_OK);
+    CHECK_STATUS(mlxcel_context_keep(a, (int)P), MLXCEL_OK);
+    CHECK(mlxcel_context_n_tokens(a) == (int)P && mlxcel_context_logits(a) == NULL);
+    CHECK_STATUS(mlxcel_context_prefill(a, greedy + 4, 4), MLXCEL_OK);
+    CHECK_STATUS(mlxcel_context_prefill(b, prompt, P), MLXCEL_OK);
+    CHECK_STATUS(mlxcel_context_prefill(b, greedy + 4, 4), MLXCEL_OK);
+    CHECKF(same_logits(mlxcel_context_logits(a), mlxcel_context_logits(b), V),
+           "%s: keep + prefill differs from a fresh context fed the same way", name);
+    /* set_tokens: a cache that is all prefix is kept; any other rewind
+     * starts over (nothing reused) */
+    int32_t more[MAX_IDS * 2];
+    memcpy(more, prompt, P * sizeof *more);
+    memcpy(more + P, greedy + 4, 4 * sizeof *more);
+    more[P + 4] = greedy[0];
+    size_t reused = 99;
+    CHECK_STATUS(mlxcel_context_set_tokens(a, more, P + 5, &reused), MLXCEL_OK);
+    CHECK(reused == P + 4);
+    more[1] = (more[1] + 1) % V;
+    CHECK_STATUS(mlxcel_context_set_tokens(a, more, P + 5, &reused), MLXCEL_OK);
+    CHECK(reused == 0 && mlxcel_context_n_tokens(a) == (int)P + 5);
+    CHECK_STATUS(mlxcel_context_reset(b), MLXCEL_OK);
+    CHECK_STATUS(mlxcel_context_prefill(b, more, P + 5), MLXCEL_OK);
+    CHECKF(same_logits(mlxcel_context_logits(a), mlxcel_context_logits(b), V),
+           "%s: set_tokens after a change differs from a fresh prefill", name);
+    /* generation reuses nothing it cannot, and gives the reference ids */
+    set_greedy(a);
+    mlxcel_generate_options go;
+    mlxcel_generate_options_init(&go);
+    go.max_tokens = (int)mx_tensor_numel(tg);
+    go.ignore_eos = 1;
+    collect k = {0};
+    CHECK_STATUS(mlxcel_generate(a, prompt, P, &go, on_token, &k, NULL), MLXCEL_OK);
+    CHECKF(k.n == go.max_tokens && !memcmp(k.ids, greedy, (size_t)k.n * sizeof *k.ids),
+           "%s: %d ids, not the reference greedy ids", name, k.n);
+done:
+    mlxcel_context_free(a);
+    mlxcel_context_free(b);
+    mlxcel_model_free(m);
+    mx_st_close(ref);
+}
+
 int main(void)
 {
     const char *src = getenv("MLXCEL_SRC");
@@ -768,8 +841,11 @@ int main(void)
     test_greedy(kjv, &r, 1, 1);
     test_no_tokenizer(kjv, &r);
     const char *fx = test_fixtures();
-    if (fx)
+    if (fx) {
         test_chat_fixture(fx);
+        test_recurrent_fixture(fx, "qwen3_next_tiny");
+        test_recurrent_fixture(fx, "lfm2_moe_tiny");
+    }
     else
         fprintf(stderr, "(the qwen2_moe_tiny_chat part needs MLXCEL_FIXTURES)\n");
     return test_summary();

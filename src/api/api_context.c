@@ -150,17 +150,40 @@ int mlxcel_context_reset(mlxcel_context *c)
     return MLXCEL_OK;
 }
 
+/* Runs checked ids through the model after the cache; records them. */
+static int run(mlxcel_context *c, const int32_t *ids, size_t n, const char *fn)
+{
+    mx_session *s = c->s;
+    const int at = s->seq->pos;
+    mx_err e = {0};
+    c->has_logits = 0;
+    api_forward_begin(c->m);
+    int rc = mx_forward(c->m->g->model, s->seq, ids, (int)n, c->logits, NULL, &e);
+    api_forward_end();
+    if (rc)
+        return api_fail_err(fn, &e);
+    /* memmove: a rewound recurrent model runs its own cached ids again */
+    memmove(s->ids + at, ids, sizeof *ids * n);
+    c->has_logits = 1;
+    return MLXCEL_OK;
+}
+
 int mlxcel_context_keep(mlxcel_context *c, int n)
 {
     static const char fn[] = "mlxcel_context_keep";
     mlxcel_context *cc = api_context(c, fn);
     if (!cc)
         return MLXCEL_EINVAL;
-    if (n < 0 || n > cc->s->seq->pos)
-        return api_fail(MLXCEL_ERANGE, fn, "n is %d but the cache holds %d tokens", n, cc->s->seq->pos);
-    cc->s->seq->pos = n;
+    mx_seq *seq = cc->s->seq;
+    if (n < 0 || n > seq->pos)
+        return api_fail(MLXCEL_ERANGE, fn, "n is %d but the cache holds %d tokens", n, seq->pos);
     cc->has_logits = 0;
-    return MLXCEL_OK;
+    /* a recurrent state cannot go back: it restarts, and the kept tokens
+     * run again */
+    int kept = mx_seq_rewind(seq, n);
+    int rc = kept < n ? run(cc, cc->s->ids + kept, (size_t)(n - kept), fn) : MLXCEL_OK;
+    cc->has_logits = 0;
+    return rc;
 }
 
 /* Checks that ids[0..n) fit after `at` cached tokens and are in the
@@ -178,23 +201,6 @@ static int check_ids(const mlxcel_context *c, const int32_t *ids, size_t n, int 
         if (ids[i] < 0 || ids[i] >= vocab)
             return api_fail(MLXCEL_ERANGE, fn, "ids[%zu] = %d is outside the vocabulary (0..%d)", i,
                             (int)ids[i], vocab - 1);
-    return MLXCEL_OK;
-}
-
-/* Runs checked ids through the model after the cache; records them. */
-static int run(mlxcel_context *c, const int32_t *ids, size_t n, const char *fn)
-{
-    mx_session *s = c->s;
-    const int at = s->seq->pos;
-    mx_err e = {0};
-    c->has_logits = 0;
-    api_forward_begin(c->m);
-    int rc = mx_forward(c->m->g->model, s->seq, ids, (int)n, c->logits, NULL, &e);
-    api_forward_end();
-    if (rc)
-        return api_fail_err(fn, &e);
-    memcpy(s->ids + at, ids, sizeof *ids * n);
-    c->has_logits = 1;
     return MLXCEL_OK;
 }
 
@@ -239,7 +245,8 @@ int mlxcel_context_set_tokens(mlxcel_context *c, const int32_t *ids, size_t n, s
     size_t common = 0;
     while (common < (size_t)s->seq->pos && common + 1 < n && s->ids[common] == ids[common])
         common++;
-    s->seq->pos = (int)common;
+    /* a model with recurrent layers may have to start over */
+    common = (size_t)mx_seq_rewind(s->seq, (int)common);
     if (n_reused)
         *n_reused = common;
     return run(cc, ids + common, n - common, fn);
