@@ -277,6 +277,9 @@ int main(void)
     for (int v = 0; names[v]; v++) {
         if (sanitized && strcmp(names[v], "scalar") && strcmp(names[v], automatic))
             continue;
+        const mx_qkernels *kv = mx_qkernels_get(names[v]);
+        if (kv && kv->fast)
+            continue;   /* the fast precision is held to its own tests (test_quant, test_precision) */
         if (mx_qkernels_force(names[v]) != 0)
             continue;   /* the CPU cannot run this variant */
         for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "model/model.h"
 #include "moe/moe.h"
@@ -29,6 +30,7 @@ static void help(FILE *f)
                "  -n, --gen N         decoded tokens per repeat (default 64)\n"
                "  -r, --repeats N     repeats (default 3)\n"
                "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
+           "      --precision P   exact (default) or fast (one int8 level of x per group)\n"
                "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
                "                      path (order F G G F) and report both and their ratio\n"
                "      --bw-mb N       size of the bandwidth probe buffer, probed before and after the\n"
@@ -123,6 +125,9 @@ int cmd_bench(int argc, char **argv)
             if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 256, &v))
                 return 2;
             mx_set_threads((int)v);
+        } else if (!strcmp(a, "--precision")) {
+            if (!(s = arg_value(argc, argv, &i)) || cli_precision(a, s))
+                return 2;
         } else if (!strcmp(a, "--bw-mb")) {
             if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 0, 1 << 20, &bw_mb))
                 return 2;
@@ -238,6 +243,7 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddStringToObject(o, "model_type", m->cfg.model_type);
         cJSON_AddNumberToObject(o, "threads", mx_threads());
         cJSON_AddStringToObject(o, "kernel", mx_qkernels_active()->name);
+        cJSON_AddStringToObject(o, "precision", mx_precision_name(mx_precision_get()));
         cJSON_AddNumberToObject(o, "prompt_tokens", (double)np);
         cJSON_AddNumberToObject(o, "gen_tokens", (double)ng);
         cJSON_AddNumberToObject(o, "repeats", (double)reps);

@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/args.h"
+#include "cli/common.h"
 #include "cli/commands.h"
 #include "eval/eval.h"
 #include "moe/moe.h"
@@ -33,6 +34,7 @@ static void help(FILE *f)
                "      --batch N               tokens per forward call (default: the whole chunk); 1 runs every\n"
                "                              token through the single-token decode path (fused MoE kernel)\n"
                "  -t, --threads N             worker threads\n"
+               "      --precision P           exact (default) or fast (docs/quality.md)\n"
                "      --json                  print the result as one JSON object on stdout\n"
                "      --kl-divergence-base F  without --kl-divergence: save this run's distributions to F\n"
                "      --top-k K               with a base file to write: store each position's K most likely\n"
@@ -77,6 +79,9 @@ static int parse(int argc, char **argv, ppl_args *a)
             if (!(v = arg_value(argc, argv, &i)) || arg_long(o, v, 1, 1 << 20, &n))
                 return -1;
             a->batch = (int)n;
+        } else if (!strcmp(o, "--precision")) {
+            if (!(v = arg_value(argc, argv, &i)) || cli_precision(o, v))
+                return -1;
         } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
             if (!(v = arg_value(argc, argv, &i)) || arg_long(o, v, 1, 256, &n))
                 return -1;

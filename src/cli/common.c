@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "quant/quant.h"
 #include "util/parallel.h"
 
 void cli_opts_init(cli_opts *o, float default_temp)
@@ -29,6 +30,8 @@ void cli_common_help(FILE *f)
                "  -c, --ctx-size N        context size in tokens (default min(model max, 4096); above the\n"
                "                          model's max_position_embeddings: a warning)\n"
                "  -t, --threads N         worker threads (default: MLXCEL_THREADS or all CPUs)\n"
+               "      --precision P       exact (default) or fast: x as one int8 level per group in\n"
+               "                          the integer kernels (MLXCEL_PRECISION; docs/quality.md)\n"
                "      --temp T            temperature (also --temperature); 0 = greedy\n"
                "      --top-k K           keep the K most likely tokens (0 = off, default 40)\n"
                "      --top-p P           nucleus sampling (1 = off, default 0.95)\n"
@@ -39,6 +42,14 @@ void cli_common_help(FILE *f)
                "      --stop TEXT         stop when TEXT is generated (repeatable)\n"
                "      --ignore-eos        keep going past end-of-sequence tokens\n"
                "      --stats             print timing and dispatch statistics on stderr\n");
+}
+
+int cli_precision(const char *opt, const char *v)
+{
+    if (mx_precision_set(v) == 0)
+        return 0;
+    fprintf(stderr, "mlxcel: %s: '%s' is not a precision (exact, fast)\n", opt, v);
+    return -1;
 }
 
 int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
@@ -65,6 +76,10 @@ int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
         if (arg_long(a, v, 1, 256, &n))
             return -1;
         mx_set_threads((int)n);
+    } else if (!strcmp(a, "--precision")) {
+        VAL();
+        if (cli_precision(a, v))
+            return -1;
     } else if (!strcmp(a, "--temp") || !strcmp(a, "--temperature")) {
         VAL();
         return arg_float(a, v, 0, 100, &sp->temperature) ? -1 : 1;

@@ -22,6 +22,9 @@ void cli_opts_init(cli_opts *o, float default_temp);
 /* Consumes argv[*i] (and its value) when it is a shared option: returns 1,
  * 0 when it is not one, -1 after printing an error. */
 int cli_common_option(int argc, char **argv, int *i, cli_opts *o);
+/* --precision exact|fast: sets the kernels' precision; 0, or -1 after
+ * printing an error naming the option. */
+int cli_precision(const char *opt, const char *v);
 /* Help text for the shared options. */
 void cli_common_help(FILE *f);
 /* Context size: the option (with a warning on stderr when it is above the

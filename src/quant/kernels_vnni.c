@@ -21,6 +21,12 @@
  * term b_g * sum(x) uses the exact float group sums, as in the float
  * variants.
  *
+ * Fast precision (the "avx512vnni-fast" variant, --precision fast): one
+ * level, x ~= dx_g * x8 with |x8| <= 127 (llama.cpp's Q8 activations, per
+ * weight group): a third of the integer work, with the bias term still
+ * from the exact group sums.  Every kernel below takes the level count LV
+ * (3 or 1) as a compile-time constant.
+ *
  * matvec (decode): x is prepared once per vector (prep_vnni) into the order
  * that makes the inner loop loads + AND/shift + vpdpbusd:
  *   8 bits: 64-value blocks in natural order (weight byte j = value j);
@@ -94,21 +100,50 @@ static float quant_group(const float *x, int gs, int8_t *h, int8_t *md, int8_t *
     return finite ? amax / XQ_MAX : amax;
 }
 
+/* One level: x ~= dx * q with q in [-127, 127]; returns dx (0 for an
+ * all-zero group, amax when it is not finite). */
+static float quant_group1(const float *x, int gs, int8_t *q)
+{
+    __m512 mx = _mm512_setzero_ps();
+    for (int j = 0; j < gs; j += 16)
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+    float amax = _mm512_reduce_max_ps(mx);
+    for (int j = 0; j < gs; j += 16)
+        if (_mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), _mm512_loadu_ps(x + j), _CMP_UNORD_Q))
+            amax = NAN;
+    int finite = amax < INFINITY;
+    __m512 vi = _mm512_set1_ps(finite && amax > 0 ? 127.0f / amax : 0.0f);
+    for (int j = 0; j < gs; j += 16) {
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j), vi));
+        v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtepi32_epi8(v));
+    }
+    return finite ? amax / 127.0f : amax;
+}
+
+/* x quantized to LV levels (3: quant_group's high, middle, low; 1:
+ * quant_group1's one) into q[level][...]; returns dx. */
+static inline float quant_levels(const float *x, int gs, int8_t (*q)[128], const int LV)
+{
+    return LV == 3 ? quant_group(x, gs, q[0], q[1], q[2]) : quant_group1(x, gs, q[0]);
+}
+
 /* The prepared x of matvec:
  *   xsum[ng] f32   group sums (first: the float fallbacks read only these)
  *   dx[ng]   f32   group steps, then 16 zeros (the multi-vector matvec
  *                  loads 16 steps from any group index below ng)
  *   x8       per 64-value block: 64 high, 64 middle, 64 low bytes (natural
- *            order)
+ *            order; the high level alone for LV = 1)
  *   x4       per 128-value block: even values' high bytes, odd values' high
- *            bytes, even middle, odd middle, even low, odd low (64 each)
+ *            bytes, even middle, odd middle, even low, odd low (64 each; the
+ *            high pair alone for LV = 1)
  * Blocks past the end are zero-padded. */
 typedef struct vlayout {
     float *xsum, *dx;
     int8_t *x8, *x4;
 } vlayout;
 
-static void layout(const void *buf, int64_t cols, int gs, vlayout *L)
+static void layout(const void *buf, int64_t cols, int gs, vlayout *L, const int LV)
 {
     int64_t ng = cols / gs;
     uint8_t *p = (uint8_t *)(uintptr_t)buf;
@@ -117,15 +152,15 @@ static void layout(const void *buf, int64_t cols, int gs, vlayout *L)
     L->dx = (float *)p;
     p += mx_align64((size_t)(ng + 16) * 4);
     L->x8 = (int8_t *)p;
-    p += 192 * (size_t)((cols + 63) / 64);
+    p += 64 * (size_t)LV * (size_t)((cols + 63) / 64);
     L->x4 = (int8_t *)p;
 }
 
-static size_t prep_bytes_vnni(int64_t cols, int gs)
+static size_t prep_bytes_lv(int64_t cols, int gs, const int LV)
 {
     int64_t ng = cols / gs;
-    return mx_align64((size_t)ng * 4) + mx_align64((size_t)(ng + 16) * 4) + 192 * (size_t)((cols + 63) / 64) +
-           384 * (size_t)((cols + 127) / 128);
+    return mx_align64((size_t)ng * 4) + mx_align64((size_t)(ng + 16) * 4) +
+           64 * (size_t)LV * (size_t)((cols + 63) / 64) + 128 * (size_t)LV * (size_t)((cols + 127) / 128);
 }
 
 /* 32 bytes of consecutive values -> 16 even-position bytes (low half) and 16
@@ -137,25 +172,26 @@ static inline __m256i deinterleave(__m256i v)
     return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, sh), 0xd8);
 }
 
-static void prep_vnni(const float *x, int64_t cols, int gs, void *buf)
+static inline __attribute__((always_inline)) void
+prep_lv(const float *x, int64_t cols, int gs, void *buf, const int LV)
 {
     vlayout L;
-    layout(buf, cols, gs, &L);
+    layout(buf, cols, gs, &L, LV);
     int64_t ng = cols / gs;
     mx_group_sums(x, cols, gs, L.xsum);
     int64_t n8 = (cols + 63) / 64, n4 = (cols + 127) / 128;
-    memset(L.x8 + (n8 - 1) * 192, 0, 192);   /* padding of the last blocks */
-    memset(L.x4 + (n4 - 1) * 384, 0, 384);
+    memset(L.x8 + (n8 - 1) * 64 * LV, 0, 64 * (size_t)LV);   /* padding of the last blocks */
+    memset(L.x4 + (n4 - 1) * 128 * LV, 0, 128 * (size_t)LV);
     memset(L.dx + ng, 0, 16 * sizeof(float));
     _Alignas(64) int8_t q[3][128];
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * gs;
-        L.dx[g] = quant_group(x + c0, gs, q[0], q[1], q[2]);
+        L.dx[g] = quant_levels(x + c0, gs, q, LV);
         for (int j = 0; j < gs; j += 32) {
             int64_t c = c0 + j;
-            int8_t *d8 = L.x8 + (c / 64) * 192 + c % 64;
-            int8_t *d4 = L.x4 + (c / 128) * 384 + (c % 128) / 2;
-            for (int lv = 0; lv < 3; lv++) {
+            int8_t *d8 = L.x8 + (c / 64) * 64 * LV + c % 64;
+            int8_t *d4 = L.x4 + (c / 128) * 128 * LV + (c % 128) / 2;
+            for (int lv = 0; lv < LV; lv++) {
                 /* 8-bit layout: natural order inside 64-value blocks */
                 memcpy(d8 + 64 * lv, q[lv] + j, 32);
                 /* 4-bit layout: 32 values -> 16 even + 16 odd */
@@ -215,12 +251,14 @@ static inline __m512 row_scales(const mx_qmat *m, int64_t r, int64_t c0, int ngc
  * float at the end. */
 #define MV8_BLOCK(v, sv, acca, accl)                                                 \
     do {                                                                             \
-        __m512i sl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x2);             \
         __m512i sa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x0);             \
-        sa = _mm512_slli_epi32(sa, 8);                                               \
-        sa = _mm512_dpbusd_epi32(sa, v, x1);                                         \
+        if (LV == 3) {                                                               \
+            __m512i sl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x2);         \
+            sa = _mm512_slli_epi32(sa, 8);                                           \
+            sa = _mm512_dpbusd_epi32(sa, v, x1);                                     \
+            accl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, accl);                \
+        }                                                                            \
         acca = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), sv, acca);                    \
-        accl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, accl);                    \
     } while (0)
 
 /* 8 bits (routers, shared-expert gates, 8-bit attention).  A 64-byte block
@@ -229,7 +267,8 @@ static inline __m512 row_scales(const mx_qmat *m, int64_t r, int64_t c0, int ngc
  * broadcast (gs = 64, 128: lpg >= 16) or a permute of the row's scale array.
  * Rows are taken in pairs from the two halves of the range (two weight
  * streams) with x loaded once for both. */
-static void mv8(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1)
+static inline __attribute__((always_inline)) void
+mv8(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_t r1, const int LV)
 {
     const int gs = m->group_size, lpg = gs / 4;
     const int64_t rb = mx_qmat_row_bytes(m);
@@ -244,7 +283,7 @@ static void mv8(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_
         int ngc = n / gs, nfull = n / 64, nblk = (n + 63) / 64;
         int tailb = n - nfull * 64;                                    /* bytes */
         __mmask64 tm = tailb ? ((__mmask64)1 << tailb) - 1 : 0;
-        const int8_t *xc = L->x8 + (c0 / 64) * 192;
+        const int8_t *xc = L->x8 + (c0 / 64) * 64 * LV;
         const float *dx = L->dx + c0 / gs, *xs = L->xsum + c0 / gs;
         for (int g = ngc; g < ngc + 16; g++)
             sca[g] = scb[g] = 0;   /* padding lanes multiply zero sums: keep them finite */
@@ -260,9 +299,10 @@ static void mv8(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_
             for (int b = 0; b < nblk; b++) {
                 __m512i va = b < nfull ? _mm512_loadu_si512(wa + 64 * b)
                                        : _mm512_maskz_loadu_epi8(tm, wa + 64 * b);
-                const int8_t *xb = xc + b * 192;
-                __m512i x0 = _mm512_loadu_si512(xb), x1 = _mm512_loadu_si512(xb + 64);
-                __m512i x2 = _mm512_loadu_si512(xb + 128);
+                const int8_t *xb = xc + b * 64 * LV;
+                __m512i x0 = _mm512_loadu_si512(xb);
+                __m512i x1 = LV == 3 ? _mm512_loadu_si512(xb + 64) : x0;
+                __m512i x2 = LV == 3 ? _mm512_loadu_si512(xb + 128) : x0;
                 const int gb = b * 64 / gs;
                 __m512 sva = lpg >= 16 ? _mm512_set1_ps(sca[gb])
                                        : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sca + gb));
@@ -275,7 +315,8 @@ static void mv8(const mx_qmat *m, const vlayout *L, float *y, int64_t r0, int64_
                     MV8_BLOCK(vb, svb, ab, bl);
                 }
             }
-            const __m512 k256 = _mm512_set1_ps(256.0f);
+            /* the high (and middle) level's sum is 256 times the low's */
+            const __m512 k256 = _mm512_set1_ps(LV == 3 ? 256.0f : 1.0f);
             float ya = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_fmadd_ps(aa, k256, al), ba));
             y[ra - r0] = c0 == 0 ? ya : y[ra - r0] + ya;
             if (two) {
@@ -330,12 +371,14 @@ static inline float row_bias(const mx_qmat *m, int64_t r, int64_t c0, int ngc, c
  * lane sum stays below 2^30, and on Zen 4 the chain measured as fast as
  * three parallel level sums (which need two more adds). */
 static inline __attribute__((always_inline)) __m512i
-dot4_levels(__m512i v, const __m512i *x, __m512i nib)
+dot4_levels(__m512i v, const __m512i *x, __m512i nib, const int LV)
 {
     __m512i q0 = _mm512_and_si512(v, nib);
     __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
     __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, x[0]);
     s = _mm512_dpbusd_epi32(s, q1, x[1]);
+    if (LV == 1)
+        return s;
     s = _mm512_slli_epi32(s, 8);
     s = _mm512_dpbusd_epi32(s, q0, x[2]);
     s = _mm512_dpbusd_epi32(s, q1, x[3]);
@@ -351,7 +394,7 @@ dot4_levels(__m512i v, const __m512i *x, __m512i nib)
 static inline __attribute__((always_inline)) void
 mvq4_block(const uint8_t *const *w, const vlayout *L, const float *sc, __m512 acc[4][4],
            int b, int gb, int64_t c0, __mmask64 lm, const int R, const int TC, const int gs,
-           const int full)
+           const int full, const int LV)
 {
     const int lpg = gs / 8, lg = lpg >= 16 ? 16 : lpg;   /* 32-bit lanes per group */
     const int scs = XCH / 32 + 16;
@@ -369,15 +412,15 @@ mvq4_block(const uint8_t *const *w, const vlayout *L, const float *sc, __m512 ac
         sr[i] = LANES(sc + i * scs + gb);
     }
     UNROLL for (int t = 0; t < TC; t++) {
-        const int8_t *xb = L[t].x4 + (c0 / 128 + b) * 384;
+        const int8_t *xb = L[t].x4 + (c0 / 128 + b) * 128 * LV;
         __m512i x[6];
-        UNROLL for (int k = 0; k < 6; k++) {
+        UNROLL for (int k = 0; k < 2 * LV; k++) {
             x[k] = _mm512_loadu_si512(xb + 64 * k);
             __asm__("" : "+v"(x[k]));   /* loaded once for all R rows */
         }
         __m512 dxv = TC == 1 ? _mm512_setzero_ps() : LANES(L[t].dx + c0 / gs + gb);
         UNROLL for (int i = 0; i < R; i++) {
-            __m512 s = _mm512_cvtepi32_ps(dot4_levels(v[i], x, nib));
+            __m512 s = _mm512_cvtepi32_ps(dot4_levels(v[i], x, nib, LV));
             acc[i][t] = _mm512_fmadd_ps(s, TC == 1 ? sr[i] : _mm512_mul_ps(sr[i], dxv), acc[i][t]);
         }
     }
@@ -391,7 +434,7 @@ mvq4_block(const uint8_t *const *w, const vlayout *L, const float *sc, __m512 ac
  * vector's per-lane steps multiply it per block. */
 static inline __attribute__((always_inline)) void
 mvq4_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, int64_t ldy,
-          const int R, const int TC, int64_t c0, int n, float *sc, const int gs)
+          const int R, const int TC, int64_t c0, int n, float *sc, const int gs, const int LV)
 {
     const int ngc = n / gs, nfull = n / 128, tailb = (n % 128) / 2;
     const int64_t rb = mx_qmat_row_bytes(m);
@@ -416,10 +459,10 @@ mvq4_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *y
         UNROLL for (int t = 0; t < TC; t++)
             acc[i][t] = _mm512_setzero_ps();
     for (int b = 0; b < nfull; b++)
-        mvq4_block(w, L, sc, acc, b, b * 128 / gs, c0, 0, R, TC, gs, 1);
+        mvq4_block(w, L, sc, acc, b, b * 128 / gs, c0, 0, R, TC, gs, 1, LV);
     if (tailb)   /* a last block of 32, 64 or 96 values: zero bytes give q = 0 */
         mvq4_block(w, L, sc, acc, nfull, nfull * 128 / gs, c0, ((__mmask64)1 << tailb) - 1, R, TC,
-                   gs, 0);
+                   gs, 0, LV);
     const int first = c0 == 0;
     UNROLL for (int i = 0; i < R; i++)
         UNROLL for (int t = 0; t < TC; t++) {
@@ -438,7 +481,7 @@ mvq4_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *y
  * the same products and sums in the same order. */
 static inline __attribute__((always_inline)) void
 mv1_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, const int R,
-         int64_t c0, int n, const int gs)
+         int64_t c0, int n, const int gs, const int LV)
 {
     const int lg = gs / 8 >= 16 ? 16 : gs / 8;      /* lanes per group within a block */
     const int gpb = 128 / gs;                        /* groups per block: 4, 2 or 1 */
@@ -450,7 +493,7 @@ mv1_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr
                                           3 / lg, 2 / lg, 1 / lg, 0);
     const __m512i step = _mm512_set1_epi32(gpb);
     const float *dx = L->dx + c0 / gs, *xs = L->xsum + c0 / gs;
-    const int8_t *xc = L->x4 + (c0 / 128) * 384;
+    const int8_t *xc = L->x4 + (c0 / 128) * 128 * LV;
     const uint8_t *w[2];
     __m512 acc[2], bacc[2], sreg[2];
     UNROLL for (int i = 0; i < R; i++) {
@@ -470,14 +513,14 @@ mv1_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr
         __m512i idx = idx0;
         for (int b = b0; b < b1; b++, idx = _mm512_add_epi32(idx, step)) {
             __m512i x[6];
-            UNROLL for (int k = 0; k < 6; k++) {
-                x[k] = _mm512_loadu_si512(xc + b * 384 + 64 * k);
+            UNROLL for (int k = 0; k < 2 * LV; k++) {
+                x[k] = _mm512_loadu_si512(xc + b * 128 * LV + 64 * k);
                 __asm__("" : "+v"(x[k]));   /* loaded once for both rows */
             }
             UNROLL for (int i = 0; i < R; i++) {
                 __m512i v = _mm512_loadu_si512(w[i] + 64 * b);
                 __asm__("" : "+v"(v));      /* one load, not one per use */
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4_levels(v, x, nib)),
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4_levels(v, x, nib, LV)),
                                          _mm512_permutexvar_ps(idx, sreg[i]), acc[i]);
             }
         }
@@ -486,11 +529,11 @@ mv1_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr
             const __mmask64 tm = ((__mmask64)1 << tailb) - 1;
             idx = _mm512_add_epi32(idx0, _mm512_set1_epi32(gpb * (nfull - b0)));
             __m512i x[6];
-            UNROLL for (int k = 0; k < 6; k++)
-                x[k] = _mm512_loadu_si512(xc + nfull * 384 + 64 * k);
+            UNROLL for (int k = 0; k < 2 * LV; k++)
+                x[k] = _mm512_loadu_si512(xc + nfull * 128 * LV + 64 * k);
             UNROLL for (int i = 0; i < R; i++) {
                 __m512i v = _mm512_maskz_loadu_epi8(tm, w[i] + 64 * nfull);
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4_levels(v, x, nib)),
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4_levels(v, x, nib, LV)),
                                          _mm512_permutexvar_ps(idx, sreg[i]), acc[i]);
             }
         }
@@ -503,26 +546,35 @@ mv1_pass(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr
 /* mv1_pass instantiated for each row count and group size as a function of
  * its own: inlined into the larger mvq4 body, GCC 12 ran out of registers
  * and spilled two of the six x registers in the block loop. */
-#define MV1_FN(R, GS)                                                                        \
-    static __attribute__((noinline)) void mv1_r##R##_g##GS(const mx_qmat *m, const vlayout *L, \
-                                                          const int64_t *rr, float *const *yr,  \
-                                                          int64_t c0, int n)                   \
+#define MV1_FN(R, GS, LV)                                                                    \
+    static __attribute__((noinline)) void mv1_r##R##_g##GS##_l##LV(                          \
+        const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, int64_t c0,    \
+        int n)                                                                                \
     {                                                                                        \
-        mv1_pass(m, L, rr, yr, R, c0, n, GS);                                                \
+        mv1_pass(m, L, rr, yr, R, c0, n, GS, LV);                                            \
     }
-MV1_FN(1, 32) MV1_FN(2, 32) MV1_FN(1, 64) MV1_FN(2, 64) MV1_FN(1, 128) MV1_FN(2, 128)
+MV1_FN(1, 32, 3) MV1_FN(2, 32, 3) MV1_FN(1, 64, 3) MV1_FN(2, 64, 3) MV1_FN(1, 128, 3)
+MV1_FN(2, 128, 3) MV1_FN(1, 32, 1) MV1_FN(2, 32, 1) MV1_FN(1, 64, 1) MV1_FN(2, 64, 1)
+MV1_FN(1, 128, 1) MV1_FN(2, 128, 1)
 #undef MV1_FN
 
 static inline __attribute__((always_inline)) void
 mv1(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, int R, int64_t c0,
-    int n, const int gs)
+    int n, const int gs, const int LV)
 {
-    if (gs == 64)
-        (R == 2 ? mv1_r2_g64 : mv1_r1_g64)(m, L, rr, yr, c0, n);
-    else if (gs == 32)
-        (R == 2 ? mv1_r2_g32 : mv1_r1_g32)(m, L, rr, yr, c0, n);
-    else
-        (R == 2 ? mv1_r2_g128 : mv1_r1_g128)(m, L, rr, yr, c0, n);
+#define MV1_PICK(LVN)                                                                   \
+    if (gs == 64)                                                                       \
+        (R == 2 ? mv1_r2_g64_l##LVN : mv1_r1_g64_l##LVN)(m, L, rr, yr, c0, n);          \
+    else if (gs == 32)                                                                  \
+        (R == 2 ? mv1_r2_g32_l##LVN : mv1_r1_g32_l##LVN)(m, L, rr, yr, c0, n);          \
+    else                                                                                \
+        (R == 2 ? mv1_r2_g128_l##LVN : mv1_r1_g128_l##LVN)(m, L, rr, yr, c0, n);
+    if (LV == 3) {
+        MV1_PICK(3)
+    } else {
+        MV1_PICK(1)
+    }
+#undef MV1_PICK
 }
 
 /* Rows [r0, r1) times T vectors, for one group size: R rows per pass taken
@@ -531,7 +583,7 @@ mv1(const mx_qmat *m, const vlayout *L, const int64_t *rr, float *const *yr, int
  * next TC). */
 static inline __attribute__((always_inline)) void
 mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, int64_t r0,
-        int64_t r1, const int gs)
+        int64_t r1, const int gs, const int LV)
 {
     /* rows per pass for one vector / for several; vectors per pass */
     enum { R1 = 2, RT = MVQ_RT, TCM = MVQ_TC, RMAX = R1 > RT ? R1 : RT };
@@ -553,7 +605,7 @@ mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, in
                 yr[j] = Y + (rr[j] - r0);
             }
             if (T == 1) {
-                mv1(m, L, rr, yr, nr, c0, n, gs);
+                mv1(m, L, rr, yr, nr, c0, n, gs, LV);
                 continue;
             }
             int64_t t = 0;
@@ -561,51 +613,53 @@ mvq4_gs(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, in
             for (; t + TCM <= T; t += TCM) {
                 for (int j = 0; j < nr; j++)
                     yt[j] = yr[j] + t * ldy;
-                if (nr == RT) mvq4_pass(m, L + t, rr, yt, ldy, RT, TCM, c0, n, sc, gs);
-                else mvq4_pass(m, L + t, rr, yt, ldy, 1, TCM, c0, n, sc, gs);
+                if (nr == RT) mvq4_pass(m, L + t, rr, yt, ldy, RT, TCM, c0, n, sc, gs, LV);
+                else mvq4_pass(m, L + t, rr, yt, ldy, 1, TCM, c0, n, sc, gs, LV);
             }
             /* the last T % TCM vectors one at a time, as matvec_rows does
              * them (the results are the same bits either way) */
             for (; t < T; t++)
                 for (int j = 0; j < nr; j += 2) {
                     float *y2[2] = { yr[j] + t * ldy, yr[j + (j + 1 < nr)] + t * ldy };
-                    mv1(m, L + t, rr + j, y2, j + 1 < nr ? 2 : 1, c0, n, gs);
+                    mv1(m, L + t, rr + j, y2, j + 1 < nr ? 2 : 1, c0, n, gs, LV);
                 }
         }
     }
 }
 
-static void mvq4(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, int64_t r0,
-                 int64_t r1)
+static inline __attribute__((always_inline)) void
+mvq4(const mx_qmat *m, const vlayout *L, int64_t T, float *Y, int64_t ldy, int64_t r0, int64_t r1,
+     const int LV)
 {
     if (m->group_size == 64)
-        mvq4_gs(m, L, T, Y, ldy, r0, r1, 64);
+        mvq4_gs(m, L, T, Y, ldy, r0, r1, 64, LV);
     else if (m->group_size == 32)
-        mvq4_gs(m, L, T, Y, ldy, r0, r1, 32);
+        mvq4_gs(m, L, T, Y, ldy, r0, r1, 32, LV);
     else
-        mvq4_gs(m, L, T, Y, ldy, r0, r1, 128);
+        mvq4_gs(m, L, T, Y, ldy, r0, r1, 128, LV);
 }
 
-static void matvec_rows_vnni(const mx_qmat *m, const float *x, const void *xp,
-                             float *y, int64_t r0, int64_t r1)
+static inline __attribute__((always_inline)) void
+matvec_rows_lv(const mx_qmat *m, const float *x, const void *xp, float *y, int64_t r0, int64_t r1,
+               const int LV)
 {
     vlayout L;
-    layout(xp, m->cols, m->group_size, &L);
+    layout(xp, m->cols, m->group_size, &L, LV);
     if (m->bits == 4)
-        mvq4(m, &L, 1, y, 0, r0, r1);
+        mvq4(m, &L, 1, y, 0, r0, r1, LV);
     else if (m->bits == 8)
-        mv8(m, &L, y, r0, r1);
+        mv8(m, &L, y, r0, r1, LV);
     else
         mx_qk_avx512.matvec_rows(m, x, L.xsum, y, r0, r1);
 }
 
-static void matvec_rows_multi_vnni(const mx_qmat *m, const float *X, int64_t ldx, const void *xp,
-                                   size_t xstride, int64_t T, float *Y, int64_t ldy, int64_t r0,
-                                   int64_t r1)
+static inline __attribute__((always_inline)) void
+matvec_rows_multi_lv(const mx_qmat *m, const float *X, int64_t ldx, const void *xp, size_t xstride,
+                     int64_t T, float *Y, int64_t ldy, int64_t r0, int64_t r1, const int LV)
 {
     if (m->bits != 4) {
         for (int64_t t = 0; t < T; t++)
-            matvec_rows_vnni(m, X + t * ldx, (const uint8_t *)xp + t * xstride, Y + t * ldy, r0, r1);
+            matvec_rows_lv(m, X + t * ldx, (const uint8_t *)xp + t * xstride, Y + t * ldy, r0, r1, LV);
         return;
     }
     enum { CH = 16 };   /* vectors laid out per call */
@@ -613,8 +667,8 @@ static void matvec_rows_multi_vnni(const mx_qmat *m, const float *X, int64_t ldx
     for (int64_t t0 = 0; t0 < T; t0 += CH) {
         int64_t n = T - t0 < CH ? T - t0 : CH;
         for (int64_t t = 0; t < n; t++)
-            layout((const uint8_t *)xp + (t0 + t) * xstride, m->cols, m->group_size, &L[t]);
-        mvq4(m, L, n, Y + t0 * ldy, ldy, r0, r1);
+            layout((const uint8_t *)xp + (t0 + t) * xstride, m->cols, m->group_size, &L[t], LV);
+        mvq4(m, L, n, Y + t0 * ldy, ldy, r0, r1, LV);
     }
 }
 
@@ -626,8 +680,8 @@ static void matvec_rows_multi_vnni(const mx_qmat *m, const float *X, int64_t ldx
 #define TB 12            /* tokens per register block: 24 int accumulators */
 #endif
 
-/* X quantized per token: high/middle/low bytes in natural order, group
- * steps and exact group sums. */
+/* X quantized per token: high/middle/low bytes (the high alone for one
+ * level), group steps and exact group sums. */
 typedef struct xquant {
     int8_t *h, *m, *l;   /* [T][cols] */
     float *dx, *xs;      /* [T][ng] */
@@ -775,7 +829,7 @@ epilogue(__m512i a0, __m512i a1, __m512 s0, __m512 s1, __m512 b0, __m512 b1, con
 static inline __attribute__((always_inline)) void
 tile_tokens(const uint8_t *tile, const float *ts, const float *tb, int kc, int gs,
             const xquant *xq, int64_t T, int64_t cols, int64_t k0, int64_t t0, float *Y,
-            int64_t ldy, __mmask16 m0, __mmask16 m1, int first, const int nt)
+            int64_t ldy, __mmask16 m0, __mmask16 m1, int first, const int nt, const int LV)
 {
     const int64_t ng = cols / gs;
     _Alignas(64) float yl[12 * RB];
@@ -786,7 +840,7 @@ tile_tokens(const uint8_t *tile, const float *ts, const float *tb, int kc, int g
         const int64_t gi = (k0 + g * gs) / gs;
         __m512 s0 = _mm512_load_ps(ts + g * RB), s1 = _mm512_load_ps(ts + g * RB + 16);
         __m512 b0 = _mm512_load_ps(tb + g * RB), b1 = _mm512_load_ps(tb + g * RB + 16);
-        {
+        if (LV == 3) {
             const int part = 0;
             REP12(ACC_ZERO)
             DOT_LEVEL(xq->h);
@@ -795,9 +849,10 @@ tile_tokens(const uint8_t *tile, const float *ts, const float *tb, int kc, int g
             REP12(ACC_STORE)
         }
         {
+            /* the low level, or the one level: scale s*dx, plus the bias */
             const int part = 1;
             REP12(ACC_ZERO)
-            DOT_LEVEL(xq->l);
+            DOT_LEVEL(LV == 3 ? xq->l : xq->h);
             REP12(ACC_STORE)
         }
     }
@@ -817,24 +872,25 @@ tile_tokens(const uint8_t *tile, const float *ts, const float *tb, int kc, int g
  * then the three int8 levels h, m, l, each token-interleaved by 4 columns:
  * [cols/4][T][4] (the 4 bytes a k-step broadcasts, for consecutive tokens
  * side by side). */
-static xquant mm_layout(void *buf, int64_t T, int64_t cols, int gs)
+static xquant mm_layout(void *buf, int64_t T, int64_t cols, int gs, const int LV)
 {
     const size_t nx = (size_t)(T * cols), ns = (size_t)(T * (cols / gs));
     uint8_t *mem = buf;
     xquant xq = {.dx = (float *)mem, .xs = (float *)mem + ns};
     xq.h = (int8_t *)(mem + 2 * ns * sizeof(float));
-    xq.m = xq.h + nx;
-    xq.l = xq.m + nx;
+    xq.m = LV == 3 ? xq.h + nx : NULL;
+    xq.l = LV == 3 ? xq.m + nx : NULL;
     return xq;
 }
 
-static size_t mm_prep_bytes_vnni(int64_t T, int64_t cols, int gs)
+static size_t mm_prep_bytes_lv(int64_t T, int64_t cols, int gs, const int LV)
 {
-    return 3 * (size_t)(T * cols) + 2 * (size_t)(T * (cols / gs)) * sizeof(float) + 64;
+    return (size_t)LV * (size_t)(T * cols) + 2 * (size_t)(T * (cols / gs)) * sizeof(float) + 64;
 }
 
-static void mm_prep_vnni(const float *X, int64_t ldx, int64_t T, int64_t t0, int64_t t1, int64_t cols,
-                         int gs, void *buf)
+static inline __attribute__((always_inline)) void
+mm_prep_lv(const float *X, int64_t ldx, int64_t T, int64_t t0, int64_t t1, int64_t cols, int gs,
+           void *buf, const int LV)
 {
     /* 16 tokens at a time, group by group, so that each k-step's 4-byte
      * pieces of the 16 are written as one 64-byte run: token by token the
@@ -842,7 +898,7 @@ static void mm_prep_vnni(const float *X, int64_t ldx, int64_t T, int64_t t0, int
      * line of its own */
     enum { TB16 = 16 };
     const int64_t ng = cols / gs;
-    xquant xq = mm_layout(buf, T, cols, gs);
+    xquant xq = mm_layout(buf, T, cols, gs, LV);
     _Alignas(64) int8_t q[TB16][3][128];
     int8_t *lv[3] = {xq.h, xq.m, xq.l};
     for (int64_t t = t0; t < t1; t++)
@@ -851,9 +907,8 @@ static void mm_prep_vnni(const float *X, int64_t ldx, int64_t T, int64_t t0, int
         const int nt = (int)(t1 - tb < TB16 ? t1 - tb : TB16);
         for (int64_t g = 0; g < ng; g++) {
             for (int j = 0; j < nt; j++)
-                xq.dx[(tb + j) * ng + g] =
-                    quant_group(X + (tb + j) * ldx + g * gs, gs, q[j][0], q[j][1], q[j][2]);
-            for (int l = 0; l < 3; l++)
+                xq.dx[(tb + j) * ng + g] = quant_levels(X + (tb + j) * ldx + g * gs, gs, q[j], LV);
+            for (int l = 0; l < LV; l++)
                 for (int c = 0; c < gs; c += 4) {
                     int8_t *dst = lv[l] + ((g * gs + c) / 4 * T + tb) * 4;   /* [col/4][t][4] */
                     for (int j = 0; j < nt; j++)
@@ -870,12 +925,13 @@ static void mm_prep_vnni(const float *X, int64_t ldx, int64_t T, int64_t t0, int
  * work). */
 #define TPASS 192
 
-static void matmul_rows_prepped_vnni(const mx_qmat *m, const void *xp, int64_t T, float *Y,
-                                     int64_t ldy, int64_t r0, int64_t r1)
+static inline __attribute__((always_inline)) void
+matmul_rows_prepped_lv(const mx_qmat *m, const void *xp, int64_t T, float *Y, int64_t ldy,
+                       int64_t r0, int64_t r1, const int LV)
 {
     const int64_t cols = m->cols, ng = mx_qmat_groups(m);
     const int gs = m->group_size;
-    xquant xq = mm_layout((void *)xp, T, cols, gs);
+    xquant xq = mm_layout((void *)xp, T, cols, gs, LV);
 
     _Alignas(64) uint8_t tile[KC * RB];
     _Alignas(64) float ts[KC / 32 * RB], tb[KC / 32 * RB];
@@ -898,31 +954,73 @@ static void matmul_rows_prepped_vnni(const mx_qmat *m, const void *xp, int64_t T
                 float *Yt = Y + rt;
                 int64_t t = tp;
                 for (; t + TB <= te; t += TB)
-                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, TB);
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, TB, LV);
                 for (; t + 8 <= te; t += 8)
-                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 8);
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 8, LV);
                 for (; t + 4 <= te; t += 4)
-                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 4);
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 4, LV);
                 for (; t < te; t++)
-                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 1);
+                    tile_tokens(tile, ts, tb, kc, gs, &xq, T, cols, k0, t, Yt, ldy, m0, m1, first, 1, LV);
             }
         }
     }
 }
 
-static void matmul_rows_vnni(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,
-                             float *Y, int64_t ldy, int64_t r0, int64_t r1)
+static inline __attribute__((always_inline)) void
+matmul_rows_lv(const mx_qmat *m, const float *X, int64_t ldx, int64_t T, float *Y, int64_t ldy,
+               int64_t r0, int64_t r1, const int LV)
 {
     /* T rows of X, quantized once per call */
-    void *mem = malloc(mm_prep_bytes_vnni(T, m->cols, m->group_size));
+    void *mem = malloc(mm_prep_bytes_lv(T, m->cols, m->group_size, LV));
     if (!mem) {
         mx_qk_avx512.matmul_rows(m, X, ldx, T, Y, ldy, r0, r1);   /* no memory: float path */
         return;
     }
-    mm_prep_vnni(X, ldx, T, 0, T, m->cols, m->group_size, mem);
-    matmul_rows_prepped_vnni(m, mem, T, Y, ldy, r0, r1);
+    mm_prep_lv(X, ldx, T, 0, T, m->cols, m->group_size, mem, LV);
+    matmul_rows_prepped_lv(m, mem, T, Y, ldy, r0, r1, LV);
     free(mem);
 }
+
+/* The two variants: each entry point fixes the level count. */
+#define VNNI_VARIANT(SUF, LVN)                                                                   \
+    static size_t prep_bytes##SUF(int64_t cols, int gs) { return prep_bytes_lv(cols, gs, LVN); } \
+    static void prep##SUF(const float *x, int64_t cols, int gs, void *buf)                      \
+    {                                                                                           \
+        prep_lv(x, cols, gs, buf, LVN);                                                         \
+    }                                                                                           \
+    static void matvec_rows##SUF(const mx_qmat *m, const float *x, const void *xp, float *y,    \
+                                 int64_t r0, int64_t r1)                                        \
+    {                                                                                           \
+        matvec_rows_lv(m, x, xp, y, r0, r1, LVN);                                               \
+    }                                                                                           \
+    static void matvec_rows_multi##SUF(const mx_qmat *m, const float *X, int64_t ldx,           \
+                                       const void *xp, size_t xstride, int64_t T, float *Y,     \
+                                       int64_t ldy, int64_t r0, int64_t r1)                     \
+    {                                                                                           \
+        matvec_rows_multi_lv(m, X, ldx, xp, xstride, T, Y, ldy, r0, r1, LVN);                   \
+    }                                                                                           \
+    static void matmul_rows##SUF(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,      \
+                                 float *Y, int64_t ldy, int64_t r0, int64_t r1)                 \
+    {                                                                                           \
+        matmul_rows_lv(m, X, ldx, T, Y, ldy, r0, r1, LVN);                                      \
+    }                                                                                           \
+    static size_t mm_prep_bytes##SUF(int64_t T, int64_t cols, int gs)                           \
+    {                                                                                           \
+        return mm_prep_bytes_lv(T, cols, gs, LVN);                                              \
+    }                                                                                           \
+    static void mm_prep##SUF(const float *X, int64_t ldx, int64_t T, int64_t t0, int64_t t1,    \
+                             int64_t cols, int gs, void *buf)                                   \
+    {                                                                                           \
+        mm_prep_lv(X, ldx, T, t0, t1, cols, gs, buf, LVN);                                      \
+    }                                                                                           \
+    static void matmul_rows_prepped##SUF(const mx_qmat *m, const void *xp, int64_t T, float *Y, \
+                                         int64_t ldy, int64_t r0, int64_t r1)                   \
+    {                                                                                           \
+        matmul_rows_prepped_lv(m, xp, T, Y, ldy, r0, r1, LVN);                                  \
+    }
+VNNI_VARIANT(_vnni, 3)
+VNNI_VARIANT(_vnni_fast, 1)
+#undef VNNI_VARIANT
 
 const mx_qkernels mx_qk_avx512vnni = {
     .name = "avx512vnni",
@@ -936,6 +1034,20 @@ const mx_qkernels mx_qk_avx512vnni = {
     .matmul_rows_prepped = matmul_rows_prepped_vnni,
 };
 
+/* Fast precision: one int8 level of x per group. */
+const mx_qkernels mx_qk_avx512vnni_fast = {
+    .name = "avx512vnni-fast",
+    .fast = 1,
+    .prep_bytes = prep_bytes_vnni_fast,
+    .prep = prep_vnni_fast,
+    .matvec_rows = matvec_rows_vnni_fast,
+    .matvec_rows_multi = matvec_rows_multi_vnni_fast,
+    .matmul_rows = matmul_rows_vnni_fast,
+    .mm_prep_bytes = mm_prep_bytes_vnni_fast,
+    .mm_prep = mm_prep_vnni_fast,
+    .matmul_rows_prepped = matmul_rows_prepped_vnni_fast,
+};
+
 #elif defined(__x86_64__)
 /* Built without the VNNI flags (not through CMake, or an older CMakeLists):
  * the variant exists but is never offered (mx_qkernels_get checks
@@ -945,6 +1057,9 @@ const int mx_qk_avx512vnni_built = 0;
 const mx_qkernels mx_qk_avx512vnni = { .name = "avx512vnni", .prep_bytes = mx_q_sums_bytes,
                                        .prep = mx_q_sums_prep,
                                        .matvec_rows = NULL, .matmul_rows = NULL };
+const mx_qkernels mx_qk_avx512vnni_fast = { .name = "avx512vnni-fast", .fast = 1,
+                                            .prep_bytes = mx_q_sums_bytes, .prep = mx_q_sums_prep,
+                                            .matvec_rows = NULL, .matmul_rows = NULL };
 #else
 typedef int mx_kernels_vnni_unused;
 #endif

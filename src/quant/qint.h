@@ -12,11 +12,11 @@
 #include "quant/quant.h"
 #include "util/dtype.h"
 
-extern const mx_qkernels mx_qk_scalar;
+extern const mx_qkernels mx_qk_scalar, mx_qk_scalar_fast;
 #if defined(__x86_64__) || defined(__i386__)
 extern const mx_qkernels mx_qk_avx2;
 extern const mx_qkernels mx_qk_avx512;
-extern const mx_qkernels mx_qk_avx512vnni;
+extern const mx_qkernels mx_qk_avx512vnni, mx_qk_avx512vnni_fast;
 /* 0 when a variant's file was compiled without its target flags (then the
  * variant is never offered). */
 extern const int mx_qk_avx2_built, mx_qk_avx512_built, mx_qk_avx512vnni_built;

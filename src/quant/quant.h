@@ -81,7 +81,9 @@ void mx_group_sums(const float *x, int64_t cols, int group_size, float *out);
  * whatever row ranges and threads they use: the float variants prepare the
  * group sums of x, the integer variant also quantizes x to int8 pairs. */
 typedef struct mx_qkernels {
-    const char *name;      /* "scalar", "avx2", "avx512", "avx512vnni", "neon" */
+    const char *name;      /* "scalar", "avx2", "avx512", "avx512vnni", "neon"; the fast
+                              precision's "scalar-fast", "avx512vnni-fast" */
+    int fast;              /* x as one int8 level per group (--precision fast) */
     /* Bytes of the prepared form of an x of `cols` values (a multiple of
      * group_size). */
     size_t (*prep_bytes)(int64_t cols, int group_size);
@@ -115,8 +117,23 @@ typedef struct mx_qkernels {
 } mx_qkernels;
 
 /* The variant in use: best the CPU supports, or MLXCEL_KERNEL=scalar|avx2|
- * avx512|avx512vnni|neon when set (falls back to the best with a warning if unsupported). */
+ * avx512|avx512vnni|neon when set (falls back to the best with a warning if unsupported),
+ * taken in the chosen precision: under the fast precision the variant's fast
+ * twin (avx512vnni -> avx512vnni-fast, scalar -> scalar-fast; the float
+ * variants have none and stay exact). */
 const mx_qkernels *mx_qkernels_active(void);
+
+/* Precision of the integer kernels.  Exact (the default): x as three int8
+ * levels per group, as close as float rounding; what the fixture tests
+ * check.  Fast: one int8 level per group (as llama.cpp's Q8 activations)
+ * with exact group sums for the bias term: a third of the integer work,
+ * its quality measured (docs/quality.md).  MLXCEL_PRECISION=exact|fast sets
+ * it, mx_precision_set overrides (the --precision flag). */
+typedef enum mx_precision { MX_PRECISION_EXACT, MX_PRECISION_FAST } mx_precision;
+mx_precision mx_precision_get(void);
+/* "exact" or "fast"; returns 0, or -1 for another name (unchanged). */
+int mx_precision_set(const char *name);
+const char *mx_precision_name(mx_precision p);
 /* A named variant, or NULL when unknown or the CPU cannot run it. */
 const mx_qkernels *mx_qkernels_get(const char *name);
 /* Forces a variant (tests); NULL restores the automatic choice.  Returns 0, or
