@@ -41,6 +41,7 @@ static void usage(FILE *f)
                "  MLXCEL_FUSED_MOE=0          disable the fused single-token MoE kernel\n"
                "  MLXCEL_FUSED_MOE_MAX_DFF=N  largest expert width the fused kernel takes\n"
                "  MLXCEL_KERNEL=NAME          force a kernel variant (scalar, avx2, avx512, avx512vnni)\n"
+               "  MLXCEL_PRECISION=fast       one int8 level of x in the integer kernels (default exact)\n"
                "  MLXCEL_TRACE_MOE=1          print MoE dispatch counts on stderr\n");
 }
 
