@@ -296,8 +296,44 @@ static void mask_vs_brute(const char *gbnf, const char *const *prefixes, size_t 
     mx_grammar_free(g);
 }
 
+/* Inputs the fuzz targets found (fuzz/regress has the raw inputs). */
+static void fuzz_findings(void)
+{
+    /* Each optional item may be skipped, so after a character every stack
+     * re-expands most of the others: the work per character is bounded
+     * (MAX_EXPAND in match.c).  A short chain matches as before; past the
+     * bound the character is refused instead of taking seconds. */
+    mx_grammar *g = parse("root ::= [a-z]?{8} \"!\"");
+    CHECK(g && full(g, "abc!") && full(g, "!") && !matches(g, "abcdefghi!", NULL));
+    mx_grammar_free(g);
+    g = parse("root ::= [a-z]?{400} \"!\"");
+    CHECK(g && full(g, "!") && matches(g, "a", NULL) == 0);
+    mx_grammar_free(g);
+
+    /* rules without a final newline still end their line */
+    cJSON *obj = cJSON_Parse("{\"type\": \"integer\"}");
+    const cJSON *two[2] = {obj, obj};
+    const char *names[2] = {"call-a", "call-b"};
+    char *gbnf = NULL;
+    mx_err e = {0};
+    CHECK_OK(mx_grammar_from_schemas("root ::= call-a \",\" call-b", 2, two, names, &gbnf, &e), &e);
+    g = gbnf ? parse(gbnf) : NULL;
+    CHECK(g && full(g, "1,-2"));
+    mx_grammar_free(g);
+    free(gbnf);
+    cJSON_Delete(obj);
+
+    /* a schema string that is not UTF-8 is refused by name */
+    obj = cJSON_Parse("{\"enum\": [\"red\", \"gr\xe9" "en\"]}");
+    gbnf = NULL;
+    CHECK(obj && mx_grammar_from_schema(obj, &gbnf, &e) == MX_EINVAL && !gbnf &&
+          strstr(e.msg, "UTF-8"));
+    cJSON_Delete(obj);
+}
+
 int main(void)
 {
+    fuzz_findings();
     parse_errors();
     matching();
     schemas();

@@ -25,6 +25,13 @@
 #define MAX_STACKS 512           /* stacks per state (ambiguity bound) */
 #define MAX_DEPTH 4096           /* elements per stack */
 #define CACHE_SLOTS 16
+/* Expansion steps allowed for one character (or the start).  Without a
+ * bound, an ambiguous grammar such as [a-z]?{200} (each optional item may
+ * be skipped, so every stack re-expands most of the others) costs seconds
+ * per token; past the bound the character counts as not accepted (the
+ * state stays alive for others), and at the start it is an error. */
+#define MAX_EXPAND (16 * MAX_STACKS)
+#define DEDUP_SLOTS (4 * MAX_STACKS)   /* a power of two, well above MAX_STACKS */
 
 /* ---- vocabulary trie ---- */
 
@@ -226,7 +233,30 @@ struct mx_grammar_state {
     int oom;
     uint32_t *key;               /* scratch key */
     size_t key_cap;
+    /* the set being built: its stacks by hash (entries of older sets have
+     * an older epoch), and the expansion steps it took so far */
+    struct { uint64_t h; uint32_t epoch, idx; } dedup[DEDUP_SLOTS];
+    uint32_t epoch;
+    uint32_t work;
 };
+
+/* Starts building a new set of stacks: empty dedup table, fresh budget. */
+static void new_set(mx_grammar_state *s)
+{
+    if (++s->epoch == 0) {
+        memset(s->dedup, 0, sizeof s->dedup);
+        s->epoch = 1;
+    }
+    s->work = 0;
+}
+
+static uint64_t stack_hash(const uint32_t *st, uint32_t len)
+{
+    uint64_t h = 1469598103934665603ull ^ len;
+    for (uint32_t i = 0; i < len; i++)
+        h = (h ^ st[i]) * 1099511628211ull;
+    return h;
+}
 
 static int reserve(void **p, size_t *cap, size_t need, size_t size)
 {
@@ -280,9 +310,13 @@ static int chars_meet(const mx_grammar *g, const g_elem *x, uint32_t lo, uint32_
 /* Appends stack tmp[0..len) to the list, unless it is already there. */
 static void add_stack(mx_grammar_state *s, sset *out, const uint32_t *st, uint32_t len)
 {
-    for (uint32_t i = 0; i < out->n; i++) {
-        const stk *k = &s->ls[out->first + i];
-        if (k->len == len && !memcmp(s->ar + k->off, st, sizeof *st * len))
+    uint64_t h = stack_hash(st, len);
+    uint32_t slot = (uint32_t)h & (DEDUP_SLOTS - 1);
+    for (; s->dedup[slot].epoch == s->epoch; slot = (slot + 1) & (DEDUP_SLOTS - 1)) {
+        if (s->dedup[slot].h != h)
+            continue;
+        const stk *k = &s->ls[out->first + s->dedup[slot].idx];
+        if (k->len == len && (!len || !memcmp(s->ar + k->off, st, sizeof *st * len)))
             return;
     }
     if (out->n >= MAX_STACKS || reserve((void **)&s->ar, &s->ar_cap, s->ar_n + len, sizeof *s->ar) ||
@@ -294,7 +328,9 @@ static void add_stack(mx_grammar_state *s, sset *out, const uint32_t *st, uint32
         memcpy(s->ar + s->ar_n, st, sizeof *st * len);
     s->ls[s->ls_n++] = (stk){(uint32_t)s->ar_n, len};
     s->ar_n += len;
-    out->n++;
+    s->dedup[slot].h = h;
+    s->dedup[slot].epoch = s->epoch;
+    s->dedup[slot].idx = out->n++;
 }
 
 /* Expands st (in s->tmp, len elements) until its top is a character set,
@@ -304,6 +340,10 @@ static void expand(mx_grammar_state *s, sset *out, size_t base, uint32_t len)
 {
     const mx_grammar *g = s->g;
     uint32_t *st = s->tmp + base;
+    if (++s->work > MAX_EXPAND) {
+        s->oom = 1;
+        return;
+    }
     while (len && g->el[st[len - 1]].type == GE_END)
         len--;                   /* a finished alternative: back to the caller */
     if (!len || g->el[st[len - 1]].type == GE_CHARS) {
@@ -338,7 +378,8 @@ static void accept_cp(mx_grammar_state *s, const sset *in, sset *out, uint32_t c
     out->n = 0;
     out->cp = 0;
     out->need = out->len = 0;
-    for (uint32_t i = 0; i < in->n; i++) {
+    new_set(s);
+    for (uint32_t i = 0; i < in->n && !s->oom; i++) {
         stk k = s->ls[in->first + i];
         if (!k.len)
             continue;
@@ -443,6 +484,7 @@ int mx_grammar_state_new(const mx_grammar *g, const mx_grammar_vocab *v, mx_gram
     }
     /* the start: root's alternatives, expanded */
     s->cur = (sset){0};
+    new_set(s);
     for (uint32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++) {
         s->tmp[0] = g->alts[a];
         expand(s, &s->cur, 0, 1);

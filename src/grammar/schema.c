@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "grammar/grammar.h"
 
@@ -89,12 +90,33 @@ static int cfail(comp *c, const char *fmt, const char *a)
     return -1;
 }
 
+static int valid_utf8(const char *s)
+{
+    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
+    utf8proc_ssize_t n = (utf8proc_ssize_t)strlen(s);
+    while (n > 0) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t l = utf8proc_iterate(p, n, &cp);
+        if (l <= 0)
+            return 0;
+        p += l;
+        n -= l;
+    }
+    return 1;
+}
+
 /* A GBNF string literal for the JSON text of v (e.g. "\"abc\"" for "abc"). */
 static void literal_of_json(comp *c, const cJSON *v)
 {
     char *j = cJSON_PrintUnformatted(v);
     if (!j) {
         c->out.oom = 1;
+        return;
+    }
+    if (!valid_utf8(j)) {
+        /* GBNF literals are UTF-8 text (and JSON is, by RFC 8259) */
+        cfail(c, "json schema: a string in the schema is not valid UTF-8%s", "");
+        free(j);
         return;
     }
     sb_add(&c->out, "\"");
@@ -466,8 +488,10 @@ int mx_grammar_from_schemas(const char *rules, int n, const cJSON *const *schema
 {
     *gbnf = NULL;
     comp c = {.e = e};
-    if (rules)
-        sb_add(&c.out, "%s", rules);
+    /* the caller's rules end their last line even when the text does not,
+     * so the compiled rules after them start on a line of their own */
+    if (rules && *rules)
+        sb_add(&c.out, "%s%s", rules, rules[strlen(rules) - 1] == '\n' ? "" : "\n");
     for (int i = 0; i < n && !c.failed; i++) {
         int r;
         /* "$ref": "#" means this schema's own root */

@@ -89,7 +89,9 @@ static int cache_get(tok_cache *c, uint64_t h, const char *s, size_t n, tok_ids 
         for (size_t i = h & (CACHE_SLOTS - 1); c->slots[i].h; i = (i + 1) & (CACHE_SLOTS - 1)) {
             const cent *ce = &c->slots[i];
             if (ce->h == h && ce->klen == n && memcmp(c->keys.p + ce->koff, s, n) == 0) {
-                hit = tok_ids_append(out, c->vals.p + ce->voff, ce->vn) == 0;
+                /* a word of unknown characters may have no ids (and the
+                 * buffer no storage yet) */
+                hit = !ce->vn || tok_ids_append(out, c->vals.p + ce->voff, ce->vn) == 0;
                 break;
             }
         }

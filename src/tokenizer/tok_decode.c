@@ -42,7 +42,8 @@ static int slist_close(slist *l, size_t start)
     return tok_sizes_push2(&l->se, start, l->buf.n - start);
 }
 
-#define TOK(l, i) ((l)->buf.p + (l)->se.p[2 * (i)])
+/* (a list of empty strings may have no buffer yet) */
+#define TOK(l, i) ((l)->buf.p ? (l)->buf.p + (l)->se.p[2 * (i)] : "")
 #define LEN(l, i) ((l)->se.p[2 * (i) + 1])
 #define COUNT(l) ((l)->se.n / 2)
 

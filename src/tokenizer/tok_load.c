@@ -502,6 +502,15 @@ int mx_tok_load(const char *path, mx_tokenizer **out, mx_err *e)
     int rc = mx_read_file(path, &buf, &len, e);
     if (rc)
         return rc;
+    rc = mx_tok_load_mem(buf, len, path, out, e);
+    free(buf);
+    return rc;
+}
+
+int mx_tok_load_mem(const char *buf, size_t len, const char *path, mx_tokenizer **out, mx_err *e)
+{
+    *out = NULL;
+    int rc = MX_OK;
     raw_parts rp = {buf, {0, 0}, {0, 0}};
     char *rest = NULL;
     size_t rest_len = len;
@@ -513,7 +522,6 @@ int mx_tok_load(const char *path, mx_tokenizer **out, mx_err *e)
         const char *base = rest ? rest : buf, *at = cJSON_GetErrorPtr();
         long off = at && at >= base && at <= base + rest_len ? (long)(at - base) : -1;
         free(rest);
-        free(buf);
         return mx_fail(e, MX_EFORMAT, "%s: not valid JSON (near byte %ld)", path,
                        file_offset(off, cuts));
     }
@@ -521,7 +529,6 @@ int mx_tok_load(const char *path, mx_tokenizer **out, mx_err *e)
     mx_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         cJSON_Delete(root);
-        free(buf);
         return mx_fail(e, MX_ENOMEM, "%s: out of memory", path);
     }
     t->unk_id = -1;
@@ -538,7 +545,6 @@ int mx_tok_load(const char *path, mx_tokenizer **out, mx_err *e)
     if (rc == MX_OK && !(t->cache = tok_cache_new()))
         rc = mx_fail(e, MX_ENOMEM, "%s: out of memory", path);
     cJSON_Delete(root);
-    free(buf);
     if (rc) {
         mx_tok_free(t);
         return rc;

@@ -15,6 +15,9 @@ typedef struct mx_tokenizer mx_tokenizer;
 /* Loads tokenizer.json.  An unsupported model/normalizer/pre-tokenizer/decoder
  * type is an error naming it. */
 int mx_tok_load(const char *tokenizer_json_path, mx_tokenizer **out, mx_err *e);
+/* The same from the file's text in memory (buf[len], not NUL-terminated;
+ * not kept); `name` stands for the file in error messages. */
+int mx_tok_load_mem(const char *buf, size_t len, const char *name, mx_tokenizer **out, mx_err *e);
 /* Loads DIR/tokenizer.json. */
 int mx_tok_load_dir(const char *dir, mx_tokenizer **out, mx_err *e);
 void mx_tok_free(mx_tokenizer *t);
