@@ -23,3 +23,7 @@ CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMLXCEL_SANITIZE=ON 
 cmake --build build-asan -j "$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   MLXCEL_SANITIZED=1 ctest --output-on-failure -j "$jobs")
+# Every fuzz target (fuzz/), built with clang's libFuzzer and run for a few
+# seconds each so that none of them rots; `bash scripts/fuzz.sh N` runs
+# them longer.
+bash scripts/fuzz.sh "${MLXCEL_FUZZ_SECONDS:-5}"
