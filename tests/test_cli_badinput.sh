@@ -173,5 +173,13 @@ else
   fail=$((fail + 1)); echo "FAIL chat over a pipe (exit $rc): $out"
 fi
 
+# Out of memory said up front (MLXCEL_MEM_AVAILABLE stands in for the
+# machine): the KV cache of --ctx-size (x --parallel) does not fit.
+KJV=${MLXCEL_SRC:-.}/models/kjv-moe
+expect "generate: KV cache over the available memory" "are available (MLXCEL_MEM_AVAILABLE); lower --ctx-size" -- \
+  env MLXCEL_MEM_AVAILABLE=2M "$BIN" generate -m "$KJV" -p "In the beginning" -n 2 --ctx-size 2048
+expect "serve: slots over the available memory" "lower --ctx-size or --parallel" -- \
+  env MLXCEL_MEM_AVAILABLE=64M "$BIN" serve -m "$KJV" --port 0 --parallel 16 --ctx-size 2048
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -8,6 +8,7 @@
 #include "gen/gen.h"
 #include "grammar/grammar.h"
 #include "util/clock.h"
+#include "util/sysinfo.h"
 
 static int file_exists(const char *dir, const char *name)
 {
@@ -106,9 +107,62 @@ int mx_engine_encode_chat(const mx_engine *g, const mx_chat_msg *msgs, size_t n_
     return rc;
 }
 
+/* Tokens one prefill call runs at most (the server's default chunk; the
+ * CLI's prompts may run longer chunks, whose activations are still small
+ * beside the KV cache they fill). */
+#define MEM_CHUNK_TOKENS 256
+
+mx_mem_need mx_engine_memory_need(const mx_engine *g, int n_ctx, int n_seqs)
+{
+    const mx_model *m = g->model;
+    uint64_t seqs = n_seqs > 0 ? (uint64_t)n_seqs : 0, ctx = n_ctx > 0 ? (uint64_t)n_ctx : 0;
+    mx_mem_need need = {.weights = mx_model_weight_bytes(m)};
+    need.kv = seqs * (mx_model_kv_bytes(m, (int)ctx) + ctx * sizeof(int32_t));
+    /* every sequence's logits (the server keeps one row per slot, the
+     * sampler a copy), and per token of a chunk: the residual stream and
+     * its norm, q/k/v/o, the FFN's activations, one row of logits */
+    uint64_t per_token = sizeof(float) * (8ull * (uint64_t)m->d + (uint64_t)m->q_dim +
+                                          2ull * (uint64_t)m->kv_dim + (uint64_t)m->vocab);
+    need.scratch = seqs * 2ull * sizeof(float) * (uint64_t)m->vocab + MEM_CHUNK_TOKENS * per_token;
+    return need;
+}
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+int mx_engine_check_memory(const mx_engine *g, int n_ctx, int n_seqs, mx_err *e)
+{
+    static int warned;
+    const char *src = NULL;
+    uint64_t avail = mx_mem_available(&src);
+    if (!avail)
+        return MX_OK;   /* nothing known: nothing to say */
+    mx_mem_need need = mx_engine_memory_need(g, n_ctx, n_seqs);
+    uint64_t run = need.kv + need.scratch;
+    if (run > avail)
+        return mx_fail(e, MX_ENOMEM,
+                       "not enough memory for %d sequence%s of %d tokens: the KV cache needs %llu bytes "
+                       "(%.1f MiB) and scratch about %llu (%.1f MiB), %llu bytes in all, but %llu bytes "
+                       "(%.1f MiB) are available (%s); lower --ctx-size%s",
+                       n_seqs, n_seqs == 1 ? "" : "s", n_ctx, (unsigned long long)need.kv, mib(need.kv),
+                       (unsigned long long)need.scratch, mib(need.scratch), (unsigned long long)run,
+                       (unsigned long long)avail, mib(avail), src, n_seqs > 1 ? " or --parallel" : "");
+    if (run + need.weights > avail && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        fprintf(stderr,
+                "mlxcel: warning: the weights (%llu bytes, %.1f MiB) and the KV cache + scratch (%llu "
+                "bytes, %.1f MiB) exceed the %llu bytes (%.1f MiB) available (%s); the KV cache fits, "
+                "so this runs with the weights paged in from disk as they are used (mmap), which is "
+                "slow\n",
+                (unsigned long long)need.weights, mib(need.weights), (unsigned long long)run, mib(run),
+                (unsigned long long)avail, mib(avail), src);
+    return MX_OK;
+}
+
 int mx_session_new(const mx_engine *g, int n_ctx, mx_session **out, mx_err *e)
 {
     *out = NULL;
+    int crc = mx_engine_check_memory(g, n_ctx, 1, e);
+    if (crc)
+        return crc;
     mx_session *s = calloc(1, sizeof *s);
     if (!s)
         return mx_fail(e, MX_ENOMEM, "out of memory");

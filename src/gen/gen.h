@@ -43,6 +43,28 @@ int mx_engine_encode(const mx_engine *g, const char *text, int32_t **ids, int *n
 int mx_engine_encode_chat(const mx_engine *g, const mx_chat_msg *msgs, size_t n_msgs,
                           int32_t **ids, int *n, char **rendered, mx_err *e);
 
+/* Memory for n_seqs sequences of n_ctx tokens: the checkpoint's bytes
+ * (mmap'ed, paged in from disk as they are used), the KV caches (filled as
+ * positions are used, so a fresh sequence does not show them yet) with the
+ * ids each session keeps, and scratch (estimated: the logits of every
+ * sequence and the activations of one prompt chunk). */
+typedef struct mx_mem_need {
+    uint64_t weights, kv, scratch;
+} mx_mem_need;
+mx_mem_need mx_engine_memory_need(const mx_engine *g, int n_ctx, int n_seqs);
+
+/* Says up front whether n_seqs x n_ctx fits the memory this process can
+ * still take (mx_mem_available: MemAvailable, the cgroup's limit, or
+ * MLXCEL_MEM_AVAILABLE):
+ *  - KV + scratch do not fit: MX_ENOMEM, the message giving needed and
+ *    available bytes (rather than the OOM killer halfway through a reply);
+ *  - they fit but not with the weights too: 0, with a warning on stderr
+ *    (once per process) that the weights will be paged from disk (mmap),
+ *    which is how a model bigger than RAM runs, slowly;
+ *  - everything fits (or nothing is known about the machine): 0.
+ * mx_session_new checks one sequence; the server checks all its slots. */
+int mx_engine_check_memory(const mx_engine *g, int n_ctx, int n_seqs, mx_err *e);
+
 typedef struct mx_session {
     mx_seq *seq;
     int32_t *ids;                /* tokens whose K/V are in seq (seq->pos of them) */

@@ -528,6 +528,11 @@ int srv_sched_init(srv_sched *sc, mx_engine *g, int n_slots, int n_ctx, int max_
                    int prefill_chunk, int batch_mode, mx_err *e)
 {
     memset(sc, 0, sizeof *sc);
+    /* every slot may fill its whole context: refuse to start rather than
+     * meet the OOM killer under load */
+    int rc = mx_engine_check_memory(g, n_ctx, n_slots, e);
+    if (rc)
+        return rc;
     sc->batch_mode = batch_mode;
     sc->g = g;
     sc->n_ctx = n_ctx;
