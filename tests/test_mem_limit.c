@@ -58,10 +58,11 @@ int main(void)
     }
     const mx_model *m = g->model;
 
-    /* the KV cache: keys and values of every layer, f32, plus the ids */
+    /* the KV cache: keys and values of every layer (qwen2_moe: all of one
+     * geometry, no recurrent state), f32, plus the ids */
     mx_mem_need need = mx_engine_memory_need(g, 512, 3);
     uint64_t kv1 = 2ull * (uint64_t)m->n_layers * (uint64_t)m->n_kv * 512 * (uint64_t)m->head_dim * 4;
-    CHECK(mx_model_kv_bytes(m, 512) == kv1);
+    CHECK(mx_model_kv_bytes(m, 512) == kv1 && mx_model_state_floats(m) == 0);
     CHECK(need.kv == 3 * (kv1 + 512 * 4));
     CHECK(need.weights == mx_model_weight_bytes(m) && need.weights > 0 && need.scratch > 0);
     uint64_t run = need.kv + need.scratch;

@@ -117,7 +117,8 @@ mx_mem_need mx_engine_memory_need(const mx_engine *g, int n_ctx, int n_seqs)
     const mx_model *m = g->model;
     uint64_t seqs = n_seqs > 0 ? (uint64_t)n_seqs : 0, ctx = n_ctx > 0 ? (uint64_t)n_ctx : 0;
     mx_mem_need need = {.weights = mx_model_weight_bytes(m)};
-    need.kv = seqs * (mx_model_kv_bytes(m, (int)ctx) + ctx * sizeof(int32_t));
+    need.kv = seqs * (mx_model_kv_bytes(m, (int)ctx) + mx_model_state_floats(m) * sizeof(float) +
+                      ctx * sizeof(int32_t));
     /* every sequence's logits (the server keeps one row per slot, the
      * sampler a copy), and per token of a chunk: the residual stream and
      * its norm, q/k/v/o, the FFN's activations, one row of logits */

@@ -46,7 +46,7 @@ int mx_engine_encode_chat(const mx_engine *g, const mx_chat_msg *msgs, size_t n_
 /* Memory for n_seqs sequences of n_ctx tokens: the checkpoint's bytes
  * (mmap'ed, paged in from disk as they are used), the KV caches (filled as
  * positions are used, so a fresh sequence does not show them yet) with the
- * ids each session keeps, and scratch (estimated: the logits of every
+ * recurrent state of such layers and the ids each session keeps, and scratch (estimated: the logits of every
  * sequence and the activations of one prompt chunk). */
 typedef struct mx_mem_need {
     uint64_t weights, kv, scratch;
