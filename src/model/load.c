@@ -356,6 +356,19 @@ static int load_attention(mx_model *m, const char *p, int l, mx_attn *a, mx_err 
     return MX_OK;
 }
 
+/* The vector `{prefix}.{name}` of n floats when the family names one
+ * (else *out = NULL). */
+static int load_named_vector(mx_model *m, const char *prefix, const char *name, int64_t n,
+                             float **out, mx_err *e)
+{
+    *out = NULL;
+    if (!name)
+        return MX_OK;
+    char full[NAME_MAX_LEN];
+    tname(full, "%s.%s", prefix, name);
+    return load_vector(m, full, n, 0, out, e);
+}
+
 /* The routing rule of a MoE block: the family's kind with the config's
  * parameters, and the choice bias tensor when the family names one. */
 static int load_router_rule(mx_model *m, const char *blk, mx_router *r, mx_err *e)
@@ -374,25 +387,13 @@ static int load_router_rule(mx_model *m, const char *blk, mx_router *r, mx_err *
     if (r->kind == MX_ROUTER_SPARSEMIXER && m->top_k != 2)
         return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: sparsemixer routing takes 2 experts, not %d",
                        m->dir, m->top_k);
-    if (m->fam->names.expert_scale) {
-        char n[NAME_MAX_LEN];
-        float *sc;
-        tname(n, "%s.%s", blk, m->fam->names.expert_scale);
-        int rc = load_vector(m, n, m->n_experts, 0, &sc, e);
-        if (rc)
-            return rc;
-        r->expert_scale = sc;
-    }
-    if (m->fam->names.router_bias) {
-        char n[NAME_MAX_LEN];
-        float *bias;
-        tname(n, "%s.%s", blk, m->fam->names.router_bias);
-        int rc = load_vector(m, n, m->n_experts, 0, &bias, e);
-        if (rc)
-            return rc;
-        r->bias = bias;
-    }
-    return MX_OK;
+    float *sc, *bias;
+    int rc = load_named_vector(m, blk, m->fam->names.expert_scale, m->n_experts, &sc, e);
+    if (!rc)
+        rc = load_named_vector(m, blk, m->fam->names.router_bias, m->n_experts, &bias, e);
+    r->expert_scale = sc;
+    r->bias = bias;
+    return rc;
 }
 
 /* What mixes the tokens in layer l: layer_types' "linear_attention"
@@ -531,11 +532,8 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
         return rc;
     if ((rc = load_router_rule(m, blk, &b->rule, e)))
         return rc;
-    if (nm->router_scale) {
-        tname(n, "%s.%s", blk, nm->router_scale);
-        if ((rc = load_vector(m, n, m->d, 0, &b->router_in_scale, e)))
-            return rc;
-    }
+    if ((rc = load_named_vector(m, blk, nm->router_scale, m->d, &b->router_in_scale, e)))
+        return rc;
     if ((rc = load_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts, e)))
         return rc;
     int64_t shared_ff = 0;
