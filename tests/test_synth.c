@@ -664,6 +664,41 @@ static void check_big_plans(void)
     CHECKF(p.total_bytes > 15e9 && p.total_bytes < 18e9, "qwen3 %.2f GB", p.total_bytes / 1e9);
     mx_synth_plan_free(&p);
 
+    /* the hybrids: DeltaNet and short-convolution layers beside attention */
+    o.preset = "qwen3-next-80b-a3b";
+    CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
+    t = mx_synth_plan_find(&p, "model.layers.0.linear_attn.in_proj_qkvz.weight");
+    CHECK(t && t->shape[0] == 2 * 16 * 128 + 2 * 32 * 128 && t->shape[1] == 2048 / 8);
+    t = mx_synth_plan_find(&p, "model.layers.0.linear_attn.conv1d.weight");
+    CHECK(t && t->ndim == 3 && t->shape[0] == 2 * 16 * 128 + 32 * 128 && t->shape[1] == 4 &&
+          t->shape[2] == 1 && t->dtype == MX_BF16);
+    t = mx_synth_plan_find(&p, "model.layers.0.linear_attn.A_log");
+    CHECK(t && t->shape[0] == 32);
+    CHECK(!mx_synth_plan_find(&p, "model.layers.0.self_attn.q_proj.weight"));
+    t = mx_synth_plan_find(&p, "model.layers.3.self_attn.q_proj.weight");   /* q and gate */
+    CHECK(t && t->shape[0] == 2 * 16 * 256 && t->shape[1] == 2048 / 8);
+    CHECK(!mx_synth_plan_find(&p, "model.layers.3.linear_attn.A_log"));
+    t = mx_synth_plan_find(&p, "model.layers.47.mlp.switch_mlp.gate_proj.weight");
+    CHECK(t && t->shape[0] == 512 && t->shape[1] == 512);
+    CHECKF(p.total_bytes > 40e9 && p.total_bytes < 50e9, "qwen3-next %.2f GB", p.total_bytes / 1e9);
+    mx_synth_plan_free(&p);
+
+    o.preset = "lfm2-8b-a1b";
+    CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
+    t = mx_synth_plan_find(&p, "model.layers.0.conv.in_proj.weight");
+    CHECK(t && t->shape[0] == 3 * 2048 && t->shape[1] == 2048 / 8);
+    t = mx_synth_plan_find(&p, "model.layers.0.conv.conv.weight");
+    CHECK(t && t->ndim == 3 && t->shape[0] == 2048 && t->shape[1] == 3 && t->shape[2] == 1);
+    CHECK(mx_synth_plan_find(&p, "model.layers.1.feed_forward.gate_proj.weight"));   /* dense */
+    CHECK(!mx_synth_plan_find(&p, "model.layers.1.feed_forward.gate.weight"));
+    t = mx_synth_plan_find(&p, "model.layers.2.feed_forward.expert_bias");
+    CHECK(t && t->dtype == MX_F32 && t->shape[0] == 32);
+    CHECK(mx_synth_plan_find(&p, "model.layers.21.self_attn.q_layernorm.weight"));
+    CHECK(!mx_synth_plan_find(&p, "model.layers.22.self_attn.q_proj.weight"));
+    CHECK(!mx_synth_plan_find(&p, "lm_head.weight"));   /* tied */
+    CHECKF(p.total_bytes > 4.2e9 && p.total_bytes < 5.2e9, "lfm2 %.2f GB", p.total_bytes / 1e9);
+    mx_synth_plan_free(&p);
+
     o.preset = "olmoe-1b-7b";
     CHECK_OK(mx_synth_plan_build(&o, &p, &e), &e);
     t = mx_synth_plan_find(&p, "model.layers.0.self_attn.q_norm.weight");
@@ -858,10 +893,39 @@ static void check_bound(const mx_synth_plan *plan, const mx_model *m)
         const mx_layer *L = &m->layers[l];
         snprintf(lay, sizeof lay, nm->layer, l);
         snprintf(pre, sizeof pre, "%s.%s", nm->model, lay);
-        snprintf(n, sizeof n, "%s.%s.%s", pre, nm->attn, nm->attn_proj[0]);
-        bad += !same_linear_row(plan, n, 0, &L->attn.q, L->attn.q.rows - 1);
-        snprintf(n, sizeof n, "%s.%s.%s", pre, nm->attn, nm->attn_proj[3]);
-        bad += !same_linear_row(plan, n, 0, &L->attn.o, 0);
+        /* the layer's mixer as the preset's letters say, bound to its tensors */
+        const char mixer = mx_preset_mixer(P, l);
+        CHECKF(L->mixer == (mixer == 'D'   ? MX_MIXER_DELTANET
+                            : mixer == 'C' ? MX_MIXER_SHORTCONV
+                                           : MX_MIXER_ATTENTION),
+               "%s layer %d: mixer %d for '%c'", P->name, l, (int)L->mixer, mixer);
+        if (L->mixer == MX_MIXER_DELTANET) {
+            const mx_deltanet *dn = &L->dn;
+            CHECK(dn->nk == P->linear_k_heads && dn->nv == P->linear_v_heads &&
+                  dn->dk == P->linear_head_dim && dn->dv == P->linear_head_dim &&
+                  dn->K == P->conv_kernel);
+            snprintf(n, sizeof n, "%s.%s.%s", pre, nm->deltanet, nm->dn_qkvz);
+            bad += !same_linear_row(plan, n, 0, &dn->qkvz, dn->qkvz.rows - 1);
+            snprintf(n, sizeof n, "%s.%s.%s", pre, nm->deltanet, nm->dn_out);
+            bad += !same_linear_row(plan, n, 0, &dn->out, 0);
+            snprintf(n, sizeof n, "%s.%s.%s.weight", pre, nm->deltanet, nm->dn_conv);
+            bad += !same_row(plan, n, 0, dn->conv_dim - 1,
+                             dn->conv_w + (size_t)(dn->conv_dim - 1) * dn->K, dn->K);
+            snprintf(n, sizeof n, "%s.%s.%s", pre, nm->deltanet, nm->dn_a_log);
+            bad += !same_row(plan, n, 0, 0, dn->A_log, dn->nv);
+        } else if (L->mixer == MX_MIXER_SHORTCONV) {
+            const mx_shortconv *sc = &L->sc;
+            CHECK(sc->L == P->conv_kernel && !sc->conv_b);
+            snprintf(n, sizeof n, "%s.%s.%s", pre, nm->shortconv, nm->sc_in);
+            bad += !same_linear_row(plan, n, 0, &sc->in, sc->in.rows - 1);
+            snprintf(n, sizeof n, "%s.%s.%s.weight", pre, nm->shortconv, nm->sc_conv);
+            bad += !same_row(plan, n, 0, 1, sc->conv_w + sc->L, sc->L);
+        } else {
+            snprintf(n, sizeof n, "%s.%s.%s", pre, nm->attn, nm->attn_proj[0]);
+            bad += !same_linear_row(plan, n, 0, &L->attn.q, L->attn.q.rows - 1);
+            snprintf(n, sizeof n, "%s.%s.%s", pre, nm->attn, nm->attn_proj[3]);
+            bad += !same_linear_row(plan, n, 0, &L->attn.o, 0);
+        }
         snprintf(n, sizeof n, "%s.%s.weight", pre, nm->attn_norm);
         bad += !same_row(plan, n, 0, 0, L->attn_norm.w, P->hidden);
         if (plan->fam->norm == MX_NORM_LAYER) {
@@ -912,7 +976,8 @@ static void check_bound(const mx_synth_plan *plan, const mx_model *m)
         }
     }
     CHECKF(bad == 0, "%s: %d bound tensors differ from what synth wrote", P->name, bad);
-    CHECKF(moe_layers == P->layers - P->first_dense, "%s: %d MoE layers", P->name, moe_layers);
+    CHECKF(moe_layers == P->layers - P->first_dense - P->dense_layers, "%s: %d MoE layers",
+           P->name, moe_layers);
 }
 
 static int all_finite(const float *x, size_t n)
@@ -1050,7 +1115,8 @@ int main(void)
     check_shards();
     check_big_plans();
     static const char *const tiny[] = {"dots1-tiny", "phimoe-tiny", "qwen3-vl-moe-tiny",
-                                       "minimax-m2-tiny", "gemma4-tiny", "gemma4-mm-tiny"};
+                                       "minimax-m2-tiny", "gemma4-tiny", "gemma4-mm-tiny",
+                                       "qwen3-next-tiny", "lfm2-moe-tiny"};
     for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) {
         check_family_tiny(tiny[i], MX_SYNTH_STACKED);
         check_family_tiny(tiny[i], MX_SYNTH_PER_EXPERT);

@@ -112,7 +112,25 @@ typedef struct mx_preset {
                                       attends to everything */
     int global_head_dim, global_kv_heads;   /* full-attention layers' head size and kv heads
                                                (K = V: no v projection) */
+    /* hybrids: each layer's token mixer, one letter per layer, the string
+     * repeated over the layers ('A' attention, 'D' gated DeltaNet, 'C' short
+     * convolution, as `mlxcel inspect` prints them); NULL: attention only */
+    const char *mixers;
+    int linear_k_heads, linear_v_heads, linear_head_dim;   /* DeltaNet heads (k and v dims equal) */
+    int conv_kernel;               /* DeltaNet's or the short convolution's kernel length */
+    int dense_layers;              /* num_dense_layers (LFM2): the first layers are dense MLPs */
 } mx_preset;
+
+/* Layer l's mixer letter of a preset ('A' without a mixers string). */
+static inline char mx_preset_mixer(const mx_preset *p, int l)
+{
+    if (!p->mixers || !p->mixers[0])
+        return 'A';
+    size_t n = 0;
+    while (p->mixers[n])
+        n++;
+    return p->mixers[(size_t)l % n];
+}
 
 struct mx_family {
     const char *model_type;

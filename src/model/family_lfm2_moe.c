@@ -30,6 +30,53 @@ static void defaults(mx_config *c)
     c->shared_expert_intermediate_size = 0;
 }
 
+/* LFM2's own keys: norm_eps, the short convolution, num_dense_layers, the
+ * biased sigmoid router, layer_types from the preset's mixer letters ('C'
+ * conv, 'A' full_attention). */
+static void synth_config(const mx_preset *p, cJSON *c)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "rms_norm_eps");
+    cJSON_AddNumberToObject(c, "norm_eps", p->rms_eps);
+    cJSON_AddNumberToObject(c, "num_experts", p->experts);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", p->moe_intermediate);
+    cJSON_AddNumberToObject(c, "num_dense_layers", p->dense_layers);
+    cJSON_AddBoolToObject(c, "norm_topk_prob", p->norm_topk_prob);
+    cJSON_AddBoolToObject(c, "use_expert_bias", 1);
+    cJSON_AddNumberToObject(c, "routed_scaling_factor", 1.0);
+    cJSON_AddBoolToObject(c, "conv_bias", 0);
+    cJSON_AddNumberToObject(c, "conv_L_cache", p->conv_kernel);
+    cJSON *types = cJSON_AddArrayToObject(c, "layer_types");
+    for (int l = 0; l < p->layers; l++)
+        cJSON_AddItemToArray(types, cJSON_CreateString(mx_preset_mixer(p, l) == 'C'
+                                                           ? "conv"
+                                                           : "full_attention"));
+}
+
+/* LFM2-8B-A1B (LiquidAI/LFM2-8B-A1B's config.json): 8.3B parameters, 1.5B
+ * active; attention at layers 2, 6, 10, 14, 18 and 21, short convolutions
+ * elsewhere; the first two layers dense. */
+static const mx_preset presets[] = {
+    {
+        .name = "lfm2-8b-a1b", .about = "LFM2-8B-A1B: 32 experts top-4, 18 short-convolution + "
+                                        "6 attention layers, 2 dense",
+        .vocab = 65536, .hidden = 2048, .intermediate = 7168, .layers = 24, .heads = 32,
+        .kv_heads = 8, .head_dim = 64, .experts = 32, .top_k = 4, .moe_intermediate = 1792,
+        .rope_theta = 1e6, .rms_eps = 1e-5, .norm_topk_prob = 1, .tied = 1,
+        .max_position = 128000, .dtype = MX_BF16, .stacked = 1, .chatml_specials = 1,
+        .mixers = "CCACCCACCCACCCACCCACCACC", .conv_kernel = 3, .dense_layers = 2,
+    },
+    {
+        .name = "lfm2-moe-tiny", .about = "lfm2_moe miniature: 8 experts top-2, short-convolution and "
+                                          "attention layers, 1 dense (tests)",
+        .vocab = 1024, .hidden = 128, .intermediate = 256, .layers = 4, .heads = 4,
+        .kv_heads = 2, .head_dim = 32, .experts = 8, .top_k = 2, .moe_intermediate = 64,
+        .rope_theta = 1e6, .rms_eps = 1e-5, .norm_topk_prob = 1, .tied = 1,
+        .max_position = 8192, .dtype = MX_BF16, .stacked = 1, .chatml_specials = 1,
+        .mixers = "CCAC", .conv_kernel = 3, .dense_layers = 1,
+    },
+    {0},
+};
+
 const mx_family mx_family_lfm2_moe = {
     .model_type = "lfm2_moe",
     .architecture = "Lfm2MoeForCausalLM",
@@ -41,4 +88,6 @@ const mx_family mx_family_lfm2_moe = {
     .qk_norm = MX_QK_NORM_HEAD,
     .router = MX_ROUTER_SIGMOID,
     .router_norm_eps = 1e-6f,
+    .presets = presets,
+    .synth_config = synth_config,
 };

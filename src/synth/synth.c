@@ -151,6 +151,29 @@ static int pb_fmat(plan_builder *b, const char *module, int64_t rows, int64_t co
     return MX_OK;
 }
 
+/* A depthwise convolution's `name` [channels, kernel, 1] in the model
+ * dtype (mlx-lm's Conv1d layout); rows of spread gain/sqrt(kernel). */
+static int pb_conv(plan_builder *b, const char *name, int64_t channels, int64_t kernel)
+{
+    mx_synth_tensor *t = pb_push(b);
+    if (!t)
+        return mx_fail(b->e, MX_ENOMEM, "synth: out of memory planning tensors");
+    tname(t->name, "%s", name);
+    tname(t->module, "%s", name);
+    t->kind = MX_SYNTH_FMAT;
+    t->dtype = b->plan->p->dtype;
+    t->ndim = 3;
+    t->shape[0] = channels;
+    t->shape[1] = kernel;
+    t->shape[2] = 1;
+    t->nmat = 1;
+    t->rows = channels;
+    t->cols = kernel;
+    t->gain = 1.0f;
+    t->nbytes = (uint64_t)channels * (uint64_t)kernel * mx_dtype_size(t->dtype);
+    return MX_OK;
+}
+
 /* "{model}.{layer i}" */
 static void layer_prefix(const mx_names *nm, int i, char *buf)
 {
@@ -230,7 +253,8 @@ static int cfg_layer_is_moe(const mx_config *c, int l)
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         if (c->mlp_only_layers[i] == l)
             return 0;
-    if (l < (int)mx_config_number(c, "first_k_dense_replace", 0))
+    if (l < (int)mx_config_number(c, "first_k_dense_replace", 0) ||
+        l < (int)mx_config_number(c, "num_dense_layers", 0))
         return 0;
     return c->num_experts > 0 && c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
 }
@@ -260,7 +284,9 @@ static int plan_attention(plan_builder *b, const char *pre, int l, float out_gai
     for (int k = 0; k < 4; k++) {
         if (k == 2 && k_eq_v)
             continue;
-        int64_t rows = k == 0 ? qw : k == 3 ? H : kvw, cols = k == 3 ? qw : H;
+        /* a gated output (Qwen3-Next): q_proj gives each head's q and gate */
+        int64_t rows = k == 0 ? qw * (F->attn_out_gate ? 2 : 1) : k == 3 ? H : kvw;
+        int64_t cols = k == 3 ? qw : H;
         tname(m, "%s.%s.%s", pre, nm->attn, nm->attn_proj[k]);
         if ((rc = pb_quant(b, m, 0, rows, cols, bits, gs, k == 3 ? out_gain : 1.0f)))
             return rc;
@@ -280,6 +306,64 @@ static int plan_attention(plan_builder *b, const char *pre, int l, float out_gai
             return rc;
     }
     return MX_OK;
+}
+
+/* A gated DeltaNet block (Qwen3-Next's linear_attn): the q/k/v/z and b/a
+ * input projections, the causal convolution over q, k and v, the decay's
+ * A_log and dt_bias, the gated output norm, out_proj. */
+static int plan_deltanet(plan_builder *b, const char *pre, float out_gain)
+{
+    const mx_synth_plan *pl = b->plan;
+    const mx_names *nm = &pl->fam->names;
+    const mx_preset *P = pl->p;
+    const int bits = pl->opts.bits, gs = pl->opts.group_size;
+    const int64_t H = P->hidden, nv = P->linear_v_heads;
+    const int64_t kd = (int64_t)P->linear_k_heads * P->linear_head_dim, vd = nv * P->linear_head_dim;
+    char blk[MX_SYNTH_NAME_MAX], m[MX_SYNTH_NAME_MAX];
+    int rc;
+    tname(blk, "%s.%s", pre, nm->deltanet);
+    tname(m, "%s.%s", blk, nm->dn_qkvz);
+    if ((rc = pb_quant(b, m, 0, 2 * kd + 2 * vd, H, bits, gs, 1.0f)))
+        return rc;
+    tname(m, "%s.%s", blk, nm->dn_ba);
+    if ((rc = pb_quant(b, m, 0, 2 * nv, H, bits, gs, 1.0f)))
+        return rc;
+    tname(m, "%s.%s.weight", blk, nm->dn_conv);
+    if ((rc = pb_conv(b, m, 2 * kd + vd, P->conv_kernel)))
+        return rc;
+    /* A_log near 1 (a decay rate of about e), dt_bias small */
+    tname(m, "%s.%s", blk, nm->dn_a_log);
+    if ((rc = pb_vec(b, m, MX_SYNTH_NORM, P->dtype, nv)))
+        return rc;
+    tname(m, "%s.%s", blk, nm->dn_dt_bias);
+    if ((rc = pb_vec(b, m, MX_SYNTH_LBIAS, P->dtype, nv)))
+        return rc;
+    tname(m, "%s.%s.weight", blk, nm->dn_norm);
+    if ((rc = pb_vec(b, m, MX_SYNTH_NORM, P->dtype, P->linear_head_dim)))
+        return rc;
+    tname(m, "%s.%s", blk, nm->dn_out);
+    return pb_quant(b, m, 0, H, vd, bits, gs, out_gain);
+}
+
+/* A short-convolution block (LFM2's conv): in_proj to B, C and x, the
+ * depthwise convolution, out_proj. */
+static int plan_shortconv(plan_builder *b, const char *pre, float out_gain)
+{
+    const mx_synth_plan *pl = b->plan;
+    const mx_names *nm = &pl->fam->names;
+    const int bits = pl->opts.bits, gs = pl->opts.group_size;
+    const int64_t H = pl->p->hidden;
+    char blk[MX_SYNTH_NAME_MAX], m[MX_SYNTH_NAME_MAX];
+    int rc;
+    tname(blk, "%s.%s", pre, nm->shortconv);
+    tname(m, "%s.%s", blk, nm->sc_in);
+    if ((rc = pb_quant(b, m, 0, 3 * H, H, bits, gs, 1.0f)))
+        return rc;
+    tname(m, "%s.%s.weight", blk, nm->sc_conv);
+    if ((rc = pb_conv(b, m, H, pl->p->conv_kernel)))
+        return rc;
+    tname(m, "%s.%s", blk, nm->sc_out);
+    return pb_quant(b, m, 0, H, H, bits, gs, out_gain);
 }
 
 /* An MoE layer's block at blk: the router (8-bit, or unquantized where the
@@ -358,7 +442,11 @@ static int plan_layer(plan_builder *b, int i)
     if ((rc = plan_norm(b, pre, nm->attn_norm, H)) || (rc = plan_norm(b, pre, nm->ffn_norm, H)) ||
         (rc = plan_norm(b, pre, nm->attn_out_norm, H)) || (rc = plan_norm(b, pre, nm->ffn_out_norm, H)))
         return rc;
-    if ((rc = plan_attention(b, pre, i, out_gain)))
+    const char mixer = mx_preset_mixer(P, i);
+    rc = mixer == 'D'   ? plan_deltanet(b, pre, out_gain)
+         : mixer == 'C' ? plan_shortconv(b, pre, out_gain)
+                        : plan_attention(b, pre, i, out_gain);
+    if (rc)
         return rc;
     if (nm->layer_scalar) {
         tname(m, "%s.%s", pre, nm->layer_scalar);
