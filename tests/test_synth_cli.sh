@@ -22,12 +22,13 @@ check() { if eval "$1"; then ok; else bad "$1"; fi; }
 "$BIN" synth --help >"$TMP/help" 2>&1
 check '[ $? -eq 0 ]'
 for p in tiny qwen1.5-moe-a2.7b olmoe-1b-7b qwen3-30b-a3b mixtral-8x7b dots.llm1 phi-3.5-moe \
-    qwen3-vl-30b-a3b minimax-m2 gemma-4-26b-a4b; do
+    qwen3-vl-30b-a3b minimax-m2 gemma-4-26b-a4b qwen3-next-80b-a3b lfm2-8b-a1b; do
     check "grep -q '^  $p ' '$TMP/help'"
 done
 check "grep -A2 '^  mixtral-8x7b' '$TMP/help' | grep -q 'GB on disk, does NOT fit'"
 check "grep -A2 '^  qwen1.5-moe-a2.7b' '$TMP/help' | grep -q 'GB on disk, fits in RAM'"
 check "grep -A2 '^  minimax-m2 ' '$TMP/help' | grep -q 'GB on disk, does NOT fit'"
+check "grep -A2 '^  lfm2-8b-a1b ' '$TMP/help' | grep -q 'GB on disk, fits in RAM'"
 # sizes follow --bits
 "$BIN" synth --help --bits 8 >"$TMP/help8" 2>&1
 check "grep -q 'at 8-bit' '$TMP/help8'"

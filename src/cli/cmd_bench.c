@@ -57,7 +57,9 @@ static double med(const series *s)
     double t[64];
     memcpy(t, s->v, sizeof(double) * (size_t)s->n);
     qsort(t, (size_t)s->n, sizeof *t, cmp_double);
-    return t[s->n / 2];
+    /* an even count (two fused runs per repeat) takes the middle pair's mean,
+     * the way each repeat's roofline averages its runs */
+    return s->n % 2 ? t[s->n / 2] : (t[s->n / 2 - 1] + t[s->n / 2]) / 2;
 }
 static double mn(const series *s) { double m = s->n ? s->v[0] : 0; for (int i = 1; i < s->n; i++) if (s->v[i] < m) m = s->v[i]; return m; }
 static double mxv(const series *s) { double m = s->n ? s->v[0] : 0; for (int i = 1; i < s->n; i++) if (s->v[i] > m) m = s->v[i]; return m; }
