@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/common.h"
 #include "cli/commands.h"
+#include "cuda/cuda.h"
 #include "model/model.h"
 #include "moe/moe.h"
 #include "util/membw.h"
@@ -31,6 +32,8 @@ static void help(FILE *f)
                "  -r, --repeats N     repeats (default 3)\n"
                "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
            "      --precision P   exact (default) or fast (one int8 level of x per group)\n"
+           "      --device NAME   cpu (default) or cuda: run the model on GPU 0 (MLXCEL_DEVICE);\n"
+           "                      the bandwidth probe then measures the GPU's copy bandwidth\n"
                "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
                "                      path (order F G G F) and report both and their ratio\n"
                "      --bw-mb N       size of the bandwidth probe buffer, probed before and after the\n"
@@ -96,6 +99,13 @@ static int decode_run(mx_model *m, mx_seq *s, const int32_t *prompt, int pos, in
     return MX_OK;
 }
 
+/* The bandwidth of the memory the weights are read from: this machine's
+ * (a threaded read), or the GPU's (a device copy, bytes read + written). */
+static double probe_bw(const mx_model *m, size_t bytes)
+{
+    return m->backend ? mx_cuda_membw_probe(bytes, 5) : mx_membw_probe(bytes, 3);
+}
+
 static void line(const char *what, const series *s)
 {
     printf("%-16s %8.2f tok/s median   (min %.2f, max %.2f, %d runs)\n", what, med(s), mn(s), mxv(s), s->n);
@@ -130,6 +140,10 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--precision")) {
             if (!(s = arg_value(argc, argv, &i)) || cli_precision(a, s))
                 return 2;
+        } else if (!strcmp(a, "--device")) {
+            if (!(s = arg_value(argc, argv, &i)))
+                return 2;
+            setenv("MLXCEL_DEVICE", s, 1);
         } else if (!strcmp(a, "--bw-mb")) {
             if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 0, 1 << 20, &bw_mb))
                 return 2;
@@ -149,8 +163,9 @@ int cmd_bench(int argc, char **argv)
     mx_err e = {0};
     mx_model *m = NULL;
     double t0 = mx_now();
-    if (mx_model_load(dir, &m, &e)) {
+    if (mx_model_load(dir, &m, &e) || mx_device_select(m, NULL, &e)) {
         fprintf(stderr, "mlxcel bench: %s\n", e.msg);
+        mx_model_free(m);
         return 1;
     }
     double load_s = mx_now() - t0;
@@ -166,8 +181,8 @@ int cmd_bench(int argc, char **argv)
         prompt[i] = (int32_t)(seed % (uint64_t)m->vocab);
     }
 
-    fprintf(stderr, "bench: %s, %d threads, kernel %s, prompt %ld, decode %ld, %ld repeats\n", dir,
-            mx_threads(), mx_qkernels_active()->name, np, ng, reps);
+    fprintf(stderr, "bench: %s, device %s, %d threads, kernel %s, prompt %ld, decode %ld, %ld repeats\n", dir,
+            mx_device_name(m), mx_threads(), mx_qkernels_active()->name, np, ng, reps);
     /* warm-up (not counted): page in the weights, grow the scratch buffers */
     double tw = mx_now();
     if ((rc = mx_forward(m, s, prompt, (int)np, logits, NULL, &e)))
@@ -177,6 +192,13 @@ int cmd_bench(int argc, char **argv)
     double dummy;
     if ((rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e)))
         goto fail;
+    if (compare) {   /* the gather path warmed up too (on a GPU: its step graph captured) */
+        mx_moe_set_fused(0);
+        rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e);
+        mx_moe_set_fused(-1);
+        if (rc)
+            goto fail;
+    }
     fprintf(stderr, "bench: warm-up done (first prefill %.2f s)\n", ttft_first);
 
     /* The machine's bandwidth drifts within seconds on shared hosts (seen
@@ -198,7 +220,7 @@ int cmd_bench(int argc, char **argv)
         push(&pre, np / tp);
         if (!rss)
             rss = mx_peak_rss_bytes();
-        const double bw0 = bw_mb > 0 ? mx_membw_probe((size_t)bw_mb << 20, 3) : 0;
+        const double bw0 = bw_mb > 0 ? probe_bw(m, (size_t)bw_mb << 20) : 0;
         const int nd = dec.n;
         if (!compare) {
             double ts;
@@ -221,7 +243,7 @@ int cmd_bench(int argc, char **argv)
             mx_moe_set_fused(-1);
         }
         if (bw_mb > 0) {
-            const double bwr = (bw0 + mx_membw_probe((size_t)bw_mb << 20, 3)) / 2;
+            const double bwr = (bw0 + probe_bw(m, (size_t)bw_mb << 20)) / 2;
             /* this repeat's default-path decode: all of it, or its fused runs */
             double sum = 0;
             int cnt = 0;
@@ -243,6 +265,7 @@ int cmd_bench(int argc, char **argv)
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", dir);
         cJSON_AddStringToObject(o, "model_type", m->cfg.model_type);
+        cJSON_AddStringToObject(o, "device", mx_device_name(m));
         cJSON_AddNumberToObject(o, "threads", mx_threads());
         cJSON_AddStringToObject(o, "kernel", mx_qkernels_active()->name);
         cJSON_AddStringToObject(o, "precision", mx_precision_name(mx_precision_get()));
@@ -279,6 +302,7 @@ int cmd_bench(int argc, char **argv)
     } else {
         printf("model            %s (%s), %d threads, kernel %s\n", dir, m->cfg.model_type, mx_threads(),
                mx_qkernels_active()->name);
+        printf("device           %s\n", mx_device_name(m));
         line("prefill", &pre);
         if (compare) {
             line("decode fused", &fused);

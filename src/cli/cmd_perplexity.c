@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/common.h"
 #include "cli/commands.h"
+#include "cuda/cuda.h"
 #include "eval/eval.h"
 #include "moe/moe.h"
 #include "tokenizer/tokenizer.h"
@@ -35,6 +36,7 @@ static void help(FILE *f)
                "                              token through the single-token decode path (fused MoE kernel)\n"
                "  -t, --threads N             worker threads\n"
                "      --precision P           exact (default) or fast (docs/quality.md)\n"
+               "      --device NAME           cpu (default) or cuda: run the model on GPU 0 (MLXCEL_DEVICE)\n"
                "      --json                  print the result as one JSON object on stdout\n"
                "      --kl-divergence-base F  without --kl-divergence: save this run's distributions to F\n"
                "      --top-k K               with a base file to write: store each position's K most likely\n"
@@ -86,6 +88,10 @@ static int parse(int argc, char **argv, ppl_args *a)
             if (!(v = arg_value(argc, argv, &i)) || arg_long(o, v, 1, 256, &n))
                 return -1;
             mx_set_threads((int)n);
+        } else if (!strcmp(o, "--device")) {
+            if (!(v = arg_value(argc, argv, &i)))
+                return -1;
+            setenv("MLXCEL_DEVICE", v, 1);
         } else if (!strcmp(o, "--top-k")) {
             if (!(v = arg_value(argc, argv, &i)) || arg_long(o, v, 0, MX_KLBASE_MAX_TOPK, &n))
                 return -1;
@@ -299,6 +305,8 @@ int cmd_perplexity(int argc, char **argv)
     }
     if (!rc)
         rc = mx_model_load(a.model, &m, &e);
+    if (!rc)
+        rc = mx_device_select(m, NULL, &e);
     if (!rc && base)
         rc = mx_klbase_check(base, m->vocab, a.ctx, r.n_chunks, ids, &e);
     if (!rc && a.kl_base && !a.kl) {

@@ -3,6 +3,7 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@ void cli_common_help(FILE *f)
                "  -t, --threads N         worker threads (default: MLXCEL_THREADS or all CPUs)\n"
                "      --precision P       exact (default) or fast: x as one int8 level per group in\n"
                "                          the integer kernels (MLXCEL_PRECISION; docs/quality.md)\n"
+               "      --device NAME       cpu (default) or cuda: run the model on GPU 0 (MLXCEL_DEVICE)\n"
                "      --temp T            temperature (also --temperature); 0 = greedy\n"
                "      --top-k K           keep the K most likely tokens (0 = off, default 40)\n"
                "      --top-p P           nucleus sampling (1 = off, default 0.95)\n"
@@ -80,6 +82,9 @@ int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
         VAL();
         if (cli_precision(a, v))
             return -1;
+    } else if (!strcmp(a, "--device")) {
+        VAL();
+        setenv("MLXCEL_DEVICE", v, 1);   /* read where the engine is loaded (gen.c) */
     } else if (!strcmp(a, "--temp") || !strcmp(a, "--temperature")) {
         VAL();
         return arg_float(a, v, 0, 100, &sp->temperature) ? -1 : 1;

@@ -38,6 +38,7 @@ static void usage(FILE *f)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nenvironment:\n"
                "  MLXCEL_THREADS=N            worker threads (default: all CPUs)\n"
+               "  MLXCEL_DEVICE=cuda          run the model on GPU 0 (builds with -DMLXCEL_CUDA=ON)\n"
                "  MLXCEL_FUSED_MOE=0          disable the fused single-token MoE kernel\n"
                "  MLXCEL_FUSED_MOE_MAX_DFF=N  largest expert width the fused kernel takes\n"
                "  MLXCEL_KERNEL=NAME          force a kernel variant (scalar, avx2, avx512, avx512vnni)\n"

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "gen/gen.h"
+#include "cuda/cuda.h"
 #include "grammar/grammar.h"
 #include "util/clock.h"
 #include "util/sysinfo.h"
@@ -32,6 +33,8 @@ int mx_engine_load(const char *dir, int tokenizer, mx_engine **out, mx_err *e)
     if (!g)
         return mx_fail(e, MX_ENOMEM, "out of memory");
     int rc = mx_model_load(dir, &g->model, e);
+    if (!rc)
+        rc = mx_device_select(g->model, NULL, e);   /* MLXCEL_DEVICE / --device */
     if (rc)
         goto fail;
     for (int i = 0; i < g->model->cfg.n_eos; i++)

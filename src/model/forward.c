@@ -977,6 +977,12 @@ int mx_forward(mx_model *m, mx_seq *s, const int32_t *tokens, int n, float *logi
     int rc = check_tokens(m, tokens, n, e);
     if (rc)
         return rc;
+    if (m->backend) {
+        rc = m->backend->forward(m->backend_ctx, s, tokens, n, logits, trace, e);
+        if (!rc)
+            s->pos += n;
+        return rc;
+    }
     /* small calls use the stack: no allocation per token */
     mx_seq *seq_small[64];
     int pos_small[64];
@@ -1020,6 +1026,13 @@ int mx_forward_batch(mx_model *m, mx_seq *const *seqs, const int32_t *tokens, in
     int rc = check_tokens(m, tokens, n, e);
     if (rc)
         return rc;
+    if (m->backend) {   /* one sequence at a time on a backend */
+        for (int i = 0; i < n && !rc; i++)
+            if (!(rc = m->backend->forward(m->backend_ctx, seqs[i], &tokens[i], 1,
+                                           logits + (size_t)i * (size_t)m->vocab, NULL, e)))
+                seqs[i]->pos++;
+        return rc;
+    }
     int pos_small[64];
     int *pos = n <= 64 ? pos_small : malloc(sizeof *pos * (size_t)n);
     if (!pos)

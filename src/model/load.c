@@ -787,10 +787,19 @@ fail:
     return rc;
 }
 
+void mx_model_set_backend(mx_model *m, const mx_backend *b, void *ctx)
+{
+    if (m->backend && m->backend->free)
+        m->backend->free(m->backend_ctx);
+    m->backend = b;
+    m->backend_ctx = ctx;
+}
+
 void mx_model_free(mx_model *m)
 {
     if (!m)
         return;
+    mx_model_set_backend(m, NULL, NULL);
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);

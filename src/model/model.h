@@ -115,6 +115,21 @@ typedef struct mx_layer {
     mx_moe_block moe;            /* when is_moe */
 } mx_layer;
 
+struct mx_seq;
+struct mx_forward_trace;
+
+/* Another device that runs the forward pass of a model (src/cuda): when a
+ * model has one, mx_forward / mx_forward_batch check their arguments and
+ * hand the call to it; a sequence's state on the device hangs off
+ * mx_seq.dev and is freed through seq_free. */
+typedef struct mx_backend {
+    const char *name;
+    int (*forward)(void *ctx, struct mx_seq *s, const int32_t *tokens, int n, float *logits,
+                   const struct mx_forward_trace *trace, mx_err *e);
+    void (*seq_free)(void *ctx, struct mx_seq *s);
+    void (*free)(void *ctx);
+} mx_backend;
+
 typedef struct mx_model {
     mx_config cfg;               /* with the family's defaults applied */
     const mx_family *fam;
@@ -142,6 +157,9 @@ typedef struct mx_model {
      * path's buffers and state (util/scratch.h) */
     mx_arena arena, moe_arena;
     mx_moe_gather_state *gather;
+    /* the device the forward pass runs on (NULL: this CPU) */
+    const mx_backend *backend;
+    void *backend_ctx;
 } mx_model;
 
 /* Loads DIR (config.json, generation_config.json, safetensors). */
@@ -168,6 +186,7 @@ typedef struct mx_seq {
     size_t *kv_off;              /* [n_layers] offsets into k and v, in floats */
     float *state;                /* per layer l, at state_off[l]: its recurrent state */
     size_t *state_off;           /* [n_layers + 1] offsets into state, in floats */
+    void *dev;                   /* the backend's state of this sequence (its KV cache), or NULL */
 } mx_seq;
 
 int mx_seq_new(const mx_model *m, int n_ctx, mx_seq **out, mx_err *e);
@@ -182,6 +201,11 @@ int mx_seq_rewind(mx_seq *s, int pos);
 /* Floats of recurrent state one sequence of this model keeps (0 for
  * attention-only models). */
 size_t mx_model_state_floats(const mx_model *m);
+
+/* Hands the model's forward pass to a backend (NULL: back to the CPU;
+ * the previous backend is freed).  Sequences made before keep no device
+ * state until their next call. */
+void mx_model_set_backend(mx_model *m, const mx_backend *b, void *ctx);
 
 /* Optional outputs of a forward call, for tests and tools. */
 typedef struct mx_forward_trace {

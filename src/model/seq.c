@@ -75,6 +75,8 @@ void mx_seq_free(mx_seq *s)
 {
     if (!s)
         return;
+    if (s->dev && s->m && s->m->backend)
+        s->m->backend->seq_free(s->m->backend_ctx, s);
     free(s->k);
     free(s->v);
     free(s->kv_off);

@@ -1,0 +1,1177 @@
+/* backend.c - a model's forward pass on a CUDA GPU (cuda.h).
+ *
+ * At attach: every tensor of the checkpoint is copied to the GPU once, as
+ * it is on disk (one allocation, each tensor 256-byte aligned), and each
+ * host pointer of the model (a quantized matrix, a stacked expert's view,
+ * a norm weight) is mapped to its device copy.  Every linear becomes an
+ * mxc_mat in one table on the device; each layer's feed-forward is a run
+ * of that table, 3 matrices (gate, up, down) per slot kind: the routed
+ * experts 0..E-1, then the shared expert (or a dense layer's MLP).
+ *
+ * A call, on one stream, per layer (kern.h has the kernels):
+ *   x += ffn; xn = norm(x)                                 addnorm
+ *   q, k, v = xn W^T   (matvec for <= 8 tokens, else tiles)
+ *   heads: clip, q/k norm, rope; k, v into the cache       qkv_post
+ *   attention over the cache                               attend
+ *   x += o(att); xn = norm(x)                              matvec/tile, addnorm
+ *   router logits (+ shared gate), routes                  matvec, route
+ *   one token:  fused phase 1 + phase 2  (or per slot: the gather path)
+ *   prompt:     routes to the host, tokens grouped by expert, tiles of
+ *               (expert, <= 32 tokens): gate/up, down, weighted sum
+ * then the final norm and lm_head.  Routers other than softmax top-k
+ * (sigmoid, sparsemixer) take the GPU's logits to the host, route there
+ * with moe/router.c and send the routes back.
+ *
+ * One-token steps whose routes all stay on the GPU are captured in a CUDA
+ * graph per sequence (and per fused/gather choice) and replayed: the
+ * token and position go in through pinned memory, the logits come back
+ * the same way (MLXCEL_CUDA_GRAPH=0 turns it off). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda.h"
+#include "cuda/kern.h"
+#include "model/family.h"
+#include "moe/moe.h"
+#include "util/parallel.h"
+
+/* ---- state ----------------------------------------------------------------------- */
+
+typedef struct cu_range {
+    const unsigned char *h;   /* host bytes */
+    size_t n;
+    unsigned char *d;         /* their device copy */
+} cu_range;
+
+typedef struct cu_layer {
+    const float *an_w, *an_b, *fn_w, *fn_b;   /* device norms (b NULL: RMSNorm) */
+    int qi, ki, vi, oi;                       /* matrices */
+    const float *q_norm, *k_norm;
+    int rope;
+    int is_moe;
+    int router_i, sgate_i;                    /* sgate_i: the shared expert's gate, or -1 */
+    int table;                                /* the layer's first slot matrix */
+    int E, n_extra, k, Kp;                    /* routed kinds, extra kinds, routed slots, all slots */
+    int64_t dff, extra_ff[MX_MOE_MAX_EXTRA], ff_max;
+    int all_quant;                            /* every expert matrix quantized */
+    int gpu_route;                            /* softmax top-k on the GPU */
+    const float *expert_scale;
+} cu_layer;
+
+/* A call's device buffers, sized for cap tokens.  The decode set is made
+ * once and never moves (graphs point into it); the prompt set grows. */
+typedef struct cu_buf {
+    int cap;
+    float *x, *xn, *q, *k, *v, *qr, *att, *out, *ffn, *rl, *glog, *W, *H, *Y, *logits;
+    int *P, *tok_list, *pair_list;
+    mxc_item *items;
+    int32_t *tok;
+    int *pos;
+    float *part;
+    size_t part_cap;             /* floats */
+    float *all_logits;           /* [cap][vocab] when a trace asks */
+    int all_cap;
+} cu_buf;
+
+typedef struct cu_seq {
+    float *k, *v;
+    size_t *off;                 /* [n_layers] floats into k and v */
+    int n_ctx;
+    float *part;                 /* decode attention partials for the whole context */
+    int n_split;
+    cudaGraphExec_t graph[2];    /* one-token step: gather, fused */
+} cu_seq;
+
+typedef struct cu_ctx {
+    mx_backend be;               /* what the model calls (name: "cuda (<GPU>)") */
+    mx_model *m;
+    char name[160];
+    cudaStream_t st;
+    unsigned char *blob;         /* every tensor of the checkpoint */
+    cu_range *ranges;            /* sorted by host address */
+    size_t n_ranges;
+    cu_range *extra;             /* host arrays copied one by one (norms, biases, ropes) */
+    size_t n_extra, cap_extra;
+    mxc_mat *mats;               /* host copy of the table */
+    int n_mats, cap_mats;
+    mxc_mat *d_mats;
+    cu_layer *layers;
+    const float *fn_w, *fn_b;    /* final norm */
+    int embed_i, head_i;
+    const float *inv_freq[MX_MAX_ROPES], *inv_long[MX_MAX_ROPES];
+    int64_t q_rows_max, kvd_max, qdim_max, E_max, Kp_max, ff_max;
+    int graphable;               /* every MoE layer routes on the GPU */
+    int *one_P;                  /* [1] = 0: a dense layer's one slot */
+    float *one_W;                /* [1] = 1 */
+    cu_buf dec, pre;
+    int32_t *h_tok;              /* pinned [1] the decode step's token */
+    int *h_pos;                  /* pinned [1] its position */
+    float *h_logits;             /* pinned [vocab] */
+    /* host scratch of the prompt path */
+    float *h_rl, *h_glog, *h_W;
+    int *h_P, *h_lists, *h_cnt;
+    mxc_item *h_items;
+    int h_cap;
+} cu_ctx;
+
+static int cu_fail(mx_err *e, cudaError_t ce, const char *what)
+{
+    return mx_fail(e, ce == cudaErrorMemoryAllocation ? MX_ENOMEM : MX_EIO, "cuda: %s: %s", what,
+                   cudaGetErrorString(ce));
+}
+
+#define CK(call)                                       \
+    do {                                               \
+        cudaError_t ce_ = (call);                      \
+        if (ce_ != cudaSuccess)                        \
+            return cu_fail(e, ce_, #call);             \
+    } while (0)
+/* a kernel launcher of kern.h */
+#define KL(call)                                                   \
+    do {                                                           \
+        int kl_ = (call);                                          \
+        if (kl_ != 0)                                              \
+            return cu_fail(e, (cudaError_t)kl_, #call);            \
+    } while (0)
+
+/* Copies between host and device in stream order, then waits. */
+static cudaError_t d2h(cudaStream_t st, void *dst, const void *src, size_t n)
+{
+    cudaError_t ce = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st);
+    return ce == cudaSuccess ? cudaStreamSynchronize(st) : ce;
+}
+
+static cudaError_t h2d(cudaStream_t st, void *dst, const void *src, size_t n)
+{
+    cudaError_t ce = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st);
+    return ce == cudaSuccess ? cudaStreamSynchronize(st) : ce;
+}
+
+/* ---- host pointers to device pointers -------------------------------------------- */
+
+static int cmp_range(const void *a, const void *b)
+{
+    const cu_range *x = a, *y = b;
+    return x->h < y->h ? -1 : x->h > y->h;
+}
+
+/* Copies every tensor of the checkpoint to the GPU. */
+static int upload_tensors(cu_ctx *c, mx_err *e)
+{
+    const mx_st_set *st = c->m->st;
+    const size_t n = mx_st_count(st);
+    c->ranges = calloc(n ? n : 1, sizeof *c->ranges);
+    if (!c->ranges)
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mx_tensor *t = mx_st_at(st, i);
+        c->ranges[i].h = t->data;
+        c->ranges[i].n = t->nbytes;
+        total += (t->nbytes + 255) & ~(size_t)255;
+    }
+    c->n_ranges = n;
+    qsort(c->ranges, n, sizeof *c->ranges, cmp_range);
+    cudaError_t ce = cudaMalloc((void **)&c->blob, total ? total : 256);
+    if (ce != cudaSuccess)
+        return mx_fail(e, MX_ENOMEM, "cuda: %.1f GiB of weights do not fit on the GPU: %s",
+                       (double)total / 1073741824.0, cudaGetErrorString(ce));
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        c->ranges[i].d = c->blob + off;
+        CK(cudaMemcpy(c->ranges[i].d, c->ranges[i].h, c->ranges[i].n, cudaMemcpyHostToDevice));
+        off += (c->ranges[i].n + 255) & ~(size_t)255;
+    }
+    return MX_OK;
+}
+
+/* The device copy of host bytes [h, h + n): inside an uploaded tensor, or
+ * copied now (arrays the loader made: norms, biases, rope frequencies). */
+static const void *dev_of(cu_ctx *c, const void *hp, size_t n, mx_err *e)
+{
+    if (!hp)
+        return NULL;
+    const unsigned char *h = hp;
+    size_t lo = 0, hi = c->n_ranges;
+    while (lo < hi) {   /* the last range starting at or before h */
+        const size_t mid = (lo + hi) / 2;
+        if (c->ranges[mid].h <= h)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo > 0) {
+        const cu_range *r = &c->ranges[lo - 1];
+        if (h + n <= r->h + r->n)
+            return r->d + (h - r->h);
+    }
+    for (size_t i = 0; i < c->n_extra; i++)
+        if (c->extra[i].h == h && c->extra[i].n >= n)
+            return c->extra[i].d;
+    if (c->n_extra == c->cap_extra) {
+        size_t cap = c->cap_extra ? 2 * c->cap_extra : 64;
+        cu_range *x = realloc(c->extra, cap * sizeof *x);
+        if (!x) {
+            mx_fail(e, MX_ENOMEM, "out of memory");
+            return NULL;
+        }
+        c->extra = x;
+        c->cap_extra = cap;
+    }
+    unsigned char *d = NULL;
+    cudaError_t ce = cudaMalloc((void **)&d, n);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess) {
+        cudaFree(d);
+        cu_fail(e, ce, "copying a model array to the GPU");
+        return NULL;
+    }
+    c->extra[c->n_extra++] = (cu_range){h, n, d};
+    return d;
+}
+
+static const float *dev_f32(cu_ctx *c, const float *h, size_t n, mx_err *e)
+{
+    return dev_of(c, h, n * sizeof(float), e);
+}
+
+static int dt_of(mx_dtype t) { return t == MX_F16 ? MXC_F16 : t == MX_BF16 ? MXC_BF16 : MXC_F32; }
+
+/* Adds a linear to the table; *idx gets its index.  what names it in errors. */
+static int add_mat(cu_ctx *c, const mx_linear *l, const char *what, int *idx, mx_err *e)
+{
+    mxc_mat mm = {0};
+    mm.rows = l->rows;
+    mm.cols = l->cols;
+    if (l->cols % 32)
+        return mx_fail(e, MX_EUNSUPPORTED, "cuda: %s has %lld columns, not a multiple of 32", what,
+                       (long long)l->cols);
+    if (l->quantized) {
+        const mx_qmat *q = &l->q;
+        mm.bits = q->bits;
+        mm.gs = q->group_size;
+        mm.dt = dt_of(q->sdtype);
+        const size_t ng = (size_t)q->rows * (size_t)(q->cols / q->group_size);
+        const size_t ssz = q->sdtype == MX_F32 ? 4 : 2;
+        mm.w = dev_of(c, q->w, (size_t)q->rows * (size_t)mx_qmat_row_bytes(q), e);
+        mm.s = dev_of(c, q->scales, ng * ssz, e);
+        mm.b = dev_of(c, q->biases, ng * ssz, e);
+        if (!mm.w || !mm.s || !mm.b)
+            return e->code ? e->code : mx_fail(e, MX_EIO, "cuda: %s: weights not found on the GPU", what);
+    } else {
+        mm.bits = 0;
+        mm.dt = dt_of(l->wdtype);
+        mm.w = dev_of(c, l->w, (size_t)l->rows * (size_t)l->cols * (l->wdtype == MX_F32 ? 4 : 2), e);
+        if (!mm.w)
+            return e->code ? e->code : mx_fail(e, MX_EIO, "cuda: %s: weights not found on the GPU", what);
+    }
+    if (l->bias && !(mm.bias = dev_f32(c, l->bias, (size_t)l->rows, e)))
+        return e->code;
+    if (c->n_mats == c->cap_mats) {
+        int cap = c->cap_mats ? 2 * c->cap_mats : 256;
+        mxc_mat *x = realloc(c->mats, sizeof *x * (size_t)cap);
+        if (!x)
+            return mx_fail(e, MX_ENOMEM, "out of memory");
+        c->mats = x;
+        c->cap_mats = cap;
+    }
+    c->mats[c->n_mats] = mm;
+    *idx = c->n_mats++;
+    return MX_OK;
+}
+
+static int add_mlp(cu_ctx *c, const mx_linear *g, const mx_linear *u, const mx_linear *d, const char *what,
+                   mx_err *e)
+{
+    int i;
+    if (g->bias || u->bias || d->bias)
+        return mx_fail(e, MX_EUNSUPPORTED, "cuda: %s: expert or MLP biases are not supported on the GPU", what);
+    int rc = add_mat(c, g, what, &i, e);
+    if (!rc)
+        rc = add_mat(c, u, what, &i, e);
+    if (!rc)
+        rc = add_mat(c, d, what, &i, e);
+    return rc;
+}
+
+static int mlp_quantized(const mx_mlp *p)
+{
+    return p->gate.quantized && p->up.quantized && p->down.quantized;
+}
+
+/* ---- attach: what the GPU path takes ------------------------------------------------ */
+
+/* NULL when layer l runs on the GPU, else the feature that does not. */
+static const char *unsupported(const mx_model *m, int l)
+{
+    const mx_layer *L = &m->layers[l];
+    if (L->mixer == MX_MIXER_DELTANET)
+        return "gated DeltaNet (linear attention) layers";
+    if (L->mixer == MX_MIXER_SHORTCONV)
+        return "short-convolution layers";
+    if (L->parallel)
+        return "parallel dense + MoE layers (Gemma 4)";
+    if (L->attn.k_eq_v)
+        return "k = v attention layers";
+    if (L->attn.out_gate)
+        return "gated attention output";
+    if (L->attn_out_norm.w || L->ffn_out_norm.w)
+        return "norms of block outputs";
+    if (L->scalar != 1.0f)
+        return "layer scalars";
+    if (L->attn.head_dim > 256 || L->attn.head_dim % 4)
+        return "a head size above 256 or not a multiple of 4";
+    if (L->attn.n_heads % L->attn.n_kv)
+        return "query heads not a multiple of kv heads";
+    if (L->is_moe && L->moe.router_in_scale)
+        return "scaled router inputs";
+    if (L->is_moe && L->moe.experts.n > 4096)
+        return "more than 4096 experts";
+    if (L->is_moe && L->moe.shared_gated && L->moe.shared_gate.rows != 1)
+        return "a shared-expert gate of more than one row";
+    return NULL;
+}
+
+static int setup_layer(cu_ctx *c, int l, mx_err *e)
+{
+    const mx_model *m = c->m;
+    const mx_layer *L = &m->layers[l];
+    cu_layer *cl = &c->layers[l];
+    const mx_attn *a = &L->attn;
+    char what[96];
+    snprintf(what, sizeof what, "layer %d attention", l);
+    int rc;
+    if ((rc = add_mat(c, &a->q, what, &cl->qi, e)) || (rc = add_mat(c, &a->k, what, &cl->ki, e)) ||
+        (rc = add_mat(c, &a->v, what, &cl->vi, e)) || (rc = add_mat(c, &a->o, what, &cl->oi, e)))
+        return rc;
+    const size_t d = (size_t)m->d;
+    cl->an_w = dev_f32(c, L->attn_norm.w, d, e);
+    cl->an_b = L->attn_norm.b ? dev_f32(c, L->attn_norm.b, d, e) : NULL;
+    cl->fn_w = dev_f32(c, L->ffn_norm.w, d, e);
+    cl->fn_b = L->ffn_norm.b ? dev_f32(c, L->ffn_norm.b, d, e) : NULL;
+    const size_t nq = m->fam->qk_norm == MX_QK_NORM_FULL ? (size_t)a->q_dim : (size_t)a->head_dim;
+    const size_t nk = m->fam->qk_norm == MX_QK_NORM_FULL ? (size_t)a->kv_dim : (size_t)a->head_dim;
+    cl->q_norm = a->q_norm ? dev_f32(c, a->q_norm, nq, e) : NULL;
+    cl->k_norm = a->k_norm ? dev_f32(c, a->k_norm, nk, e) : NULL;
+    if (e->code)
+        return e->code;
+    if (m->fam->qk_norm != MX_QK_NORM_NONE && (!cl->q_norm || !cl->k_norm))
+        return mx_fail(e, MX_EUNSUPPORTED, "cuda: layer %d: q/k norm weights missing", l);
+    cl->rope = a->rope;
+    c->q_rows_max = a->q.rows > c->q_rows_max ? a->q.rows : c->q_rows_max;
+    c->kvd_max = a->kv_dim > c->kvd_max ? a->kv_dim : c->kvd_max;
+    c->qdim_max = a->q_dim > c->qdim_max ? a->q_dim : c->qdim_max;
+
+    cl->is_moe = L->is_moe;
+    cl->sgate_i = -1;
+    cl->table = c->n_mats;
+    if (!L->is_moe) {
+        snprintf(what, sizeof what, "layer %d MLP", l);
+        if ((rc = add_mlp(c, &L->mlp.gate, &L->mlp.up, &L->mlp.down, what, e)))
+            return rc;
+        cl->E = 0;
+        cl->n_extra = 1;
+        cl->k = 0;
+        cl->extra_ff[0] = L->mlp.gate.rows;
+        cl->all_quant = mlp_quantized(&L->mlp);
+    } else {
+        const mx_moe_block *b = &L->moe;
+        const mx_experts *ex = &b->experts;
+        for (int x = 0; x < ex->n; x++) {
+            snprintf(what, sizeof what, "layer %d expert %d", l, x);
+            if ((rc = add_mlp(c, &ex->gate[x], &ex->up[x], &ex->down[x], what, e)))
+                return rc;
+        }
+        cl->E = ex->n;
+        cl->dff = ex->d_ff;
+        cl->n_extra = 0;
+        cl->all_quant = 1;
+        for (int x = 0; x < ex->n; x++)
+            cl->all_quant &= ex->gate[x].quantized && ex->up[x].quantized && ex->down[x].quantized;
+        if (b->has_shared) {
+            snprintf(what, sizeof what, "layer %d shared expert", l);
+            if ((rc = add_mlp(c, &b->shared.gate, &b->shared.up, &b->shared.down, what, e)))
+                return rc;
+            cl->extra_ff[cl->n_extra++] = b->shared.gate.rows;
+            cl->all_quant &= mlp_quantized(&b->shared);
+        }
+        snprintf(what, sizeof what, "layer %d router", l);
+        if ((rc = add_mat(c, &b->router, what, &cl->router_i, e)))
+            return rc;
+        if (b->shared_gated && (rc = add_mat(c, &b->shared_gate, what, &cl->sgate_i, e)))
+            return rc;
+        cl->k = b->rule.k < MX_MAX_TOPK ? b->rule.k : MX_MAX_TOPK;
+        cl->k = cl->k < ex->n ? cl->k : ex->n;
+        cl->gpu_route = b->rule.kind == MX_ROUTER_SOFTMAX_TOPK;
+        if (b->rule.expert_scale && !(cl->expert_scale = dev_f32(c, b->rule.expert_scale, (size_t)ex->n, e)))
+            return e->code;
+        c->E_max = cl->E > c->E_max ? cl->E : c->E_max;
+        if (!cl->gpu_route)
+            c->graphable = 0;
+    }
+    cl->Kp = cl->k + cl->n_extra;
+    cl->ff_max = cl->dff;
+    for (int x = 0; x < cl->n_extra; x++)
+        cl->ff_max = cl->extra_ff[x] > cl->ff_max ? cl->extra_ff[x] : cl->ff_max;
+    c->Kp_max = cl->Kp > c->Kp_max ? cl->Kp : c->Kp_max;
+    c->ff_max = cl->ff_max > c->ff_max ? cl->ff_max : c->ff_max;
+    return MX_OK;
+}
+
+/* ---- buffers ---------------------------------------------------------------------- */
+
+static void buf_free(cu_buf *b)
+{
+    void *p[] = {b->x, b->xn, b->q, b->k, b->v, b->qr, b->att, b->out, b->ffn, b->rl, b->glog, b->W,
+                 b->H, b->Y, b->logits, b->P, b->tok_list, b->pair_list, b->items, b->tok, b->pos,
+                 b->part, b->all_logits};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        cudaFree(p[i]);
+    memset(b, 0, sizeof *b);
+}
+
+static cudaError_t dalloc(void *pp, size_t bytes)
+{
+    return cudaMalloc((void **)pp, bytes ? bytes : 16);
+}
+
+/* Sizes b for T tokens (reallocating only to grow). */
+static int buf_reserve(cu_ctx *c, cu_buf *b, int T, mx_err *e)
+{
+    if (b->cap >= T)
+        return MX_OK;
+    const mx_model *m = c->m;
+    cudaDeviceSynchronize();   /* nothing may still use the old buffers */
+    buf_free(b);
+    const size_t t = (size_t)T, f = sizeof(float), d = (size_t)m->d, Kp = (size_t)(c->Kp_max ? c->Kp_max : 1);
+    CK(dalloc(&b->x, t * d * f));
+    CK(dalloc(&b->xn, t * d * f));
+    CK(dalloc(&b->q, t * (size_t)c->q_rows_max * f));
+    CK(dalloc(&b->k, t * (size_t)c->kvd_max * f));
+    CK(dalloc(&b->v, t * (size_t)c->kvd_max * f));
+    CK(dalloc(&b->qr, t * (size_t)c->qdim_max * f));
+    CK(dalloc(&b->att, t * (size_t)c->qdim_max * f));
+    CK(dalloc(&b->out, t * d * f));
+    CK(dalloc(&b->ffn, t * d * f));
+    CK(dalloc(&b->rl, t * (size_t)(c->E_max ? c->E_max : 1) * f));
+    CK(dalloc(&b->glog, t * f));
+    CK(dalloc(&b->W, t * Kp * f));
+    CK(dalloc(&b->P, t * Kp * sizeof(int)));
+    CK(dalloc(&b->H, t * Kp * (size_t)c->ff_max * f));
+    CK(dalloc(&b->Y, t * Kp * d * f));
+    CK(dalloc(&b->logits, (size_t)m->vocab * f));
+    CK(dalloc(&b->tok_list, t * Kp * sizeof(int)));
+    CK(dalloc(&b->pair_list, t * Kp * sizeof(int)));
+    CK(dalloc(&b->items, (t * Kp + (size_t)c->E_max + MX_MOE_MAX_EXTRA + 1) * 2 * sizeof(mxc_item)));
+    CK(dalloc(&b->tok, t * sizeof(int32_t)));
+    CK(dalloc(&b->pos, t * sizeof(int)));
+    b->cap = T;
+    return MX_OK;
+}
+
+static int part_reserve(cu_buf *b, size_t floats, mx_err *e)
+{
+    if (b->part_cap >= floats)
+        return MX_OK;
+    cudaDeviceSynchronize();
+    cudaFree(b->part);
+    b->part = NULL;
+    b->part_cap = 0;
+    CK(dalloc(&b->part, floats * sizeof(float)));
+    b->part_cap = floats;
+    return MX_OK;
+}
+
+/* Host scratch of the prompt path for T tokens. */
+static int host_reserve(cu_ctx *c, int T, mx_err *e)
+{
+    if (c->h_cap >= T)
+        return MX_OK;
+    const size_t t = (size_t)T, Kp = (size_t)(c->Kp_max ? c->Kp_max : 1), E = (size_t)(c->E_max ? c->E_max : 1);
+    free(c->h_rl), free(c->h_glog), free(c->h_W), free(c->h_P), free(c->h_lists), free(c->h_cnt),
+        free(c->h_items);
+    c->h_rl = malloc(t * E * sizeof(float));
+    c->h_glog = malloc(t * sizeof(float));
+    c->h_W = malloc(t * Kp * sizeof(float));
+    c->h_P = malloc(t * Kp * sizeof(int));
+    c->h_lists = malloc(2 * t * Kp * sizeof(int));
+    c->h_cnt = malloc((E + MX_MOE_MAX_EXTRA + 2) * sizeof(int));
+    c->h_items = malloc((t * Kp + E + MX_MOE_MAX_EXTRA + 1) * 2 * sizeof(mxc_item));
+    if (!c->h_rl || !c->h_glog || !c->h_W || !c->h_P || !c->h_lists || !c->h_cnt || !c->h_items) {
+        c->h_cap = 0;
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    }
+    c->h_cap = T;
+    return MX_OK;
+}
+
+/* ---- sequences ---------------------------------------------------------------------- */
+
+static void seq_state_free(cu_seq *q)
+{
+    if (!q)
+        return;
+    for (int i = 0; i < 2; i++)
+        if (q->graph[i])
+            cudaGraphExecDestroy(q->graph[i]);
+    cudaFree(q->k);
+    cudaFree(q->v);
+    cudaFree(q->part);
+    free(q->off);
+    free(q);
+}
+
+static void cu_seq_free(void *ctx, mx_seq *s)
+{
+    (void)ctx;
+    cudaDeviceSynchronize();
+    seq_state_free(s->dev);
+    s->dev = NULL;
+}
+
+/* The sequence's KV cache on the GPU, made on its first call. */
+static cu_seq *seq_state(cu_ctx *c, mx_seq *s, mx_err *e)
+{
+    if (s->dev)
+        return s->dev;
+    const mx_model *m = c->m;
+    cu_seq *q = calloc(1, sizeof *q);
+    if (!q || !(q->off = malloc(sizeof *q->off * (size_t)m->n_layers))) {
+        free(q);
+        mx_fail(e, MX_ENOMEM, "out of memory");
+        return NULL;
+    }
+    size_t n = 0;
+    int nh_max = 1, hd_max = 1;
+    for (int l = 0; l < m->n_layers; l++) {
+        const mx_attn *a = &m->layers[l].attn;
+        q->off[l] = n;
+        n += (size_t)a->n_kv * (size_t)s->n_ctx * (size_t)a->head_dim;
+        nh_max = a->n_heads > nh_max ? a->n_heads : nh_max;
+        hd_max = a->head_dim > hd_max ? a->head_dim : hd_max;
+    }
+    q->n_ctx = s->n_ctx;
+    q->n_split = (s->n_ctx + MXC_ATT_SPLIT - 1) / MXC_ATT_SPLIT;
+    cudaError_t ce = dalloc(&q->k, n * sizeof(float));
+    if (ce == cudaSuccess)
+        ce = dalloc(&q->v, n * sizeof(float));
+    if (ce == cudaSuccess)
+        ce = dalloc(&q->part, (size_t)nh_max * (size_t)q->n_split * (size_t)(hd_max + 2) * sizeof(float));
+    if (ce != cudaSuccess) {
+        seq_state_free(q);
+        mx_fail(e, MX_ENOMEM, "cuda: no room on the GPU for a KV cache of %d tokens (%.1f MiB): %s", s->n_ctx,
+                2.0 * (double)n * sizeof(float) / 1048576.0, cudaGetErrorString(ce));
+        return NULL;
+    }
+    s->dev = q;
+    return q;
+}
+
+/* ---- the pass ---------------------------------------------------------------------- */
+
+/* What one call enqueues. */
+typedef struct call {
+    cu_ctx *c;
+    cu_seq *q;
+    cu_buf *b;
+    int T;
+    int last_pos;                /* the furthest position of the call */
+    int fused;                   /* MLXCEL_FUSED_MOE */
+    int graph;                   /* being captured: nothing may wait for the GPU */
+    const mx_forward_trace *tr;
+} call;
+
+/* Y[t * ldy] = M x_t for the call's T rows of X (ldx apart). */
+static int linear(call *k, int mi, const float *X, int64_t ldx, float *Y, int64_t ldy, int T, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    if (T <= MXC_MV_MAXT) {
+        mxc_mv mv = {.n = 1, .m = {c->mats[mi]}, .y = {Y}, .ldy = {ldy}};
+        KL(mxc_matvec(c->st, &mv, X, ldx, T));
+        return MX_OK;
+    }
+    mxc_tile t = {.table = c->d_mats, .plain = {mi, mi, 0, T}, .max_rows = c->mats[mi].rows,
+                  .X = X, .ldx = ldx, .Y = Y, .ldy = ldy};
+    KL(mxc_tile_run(c->st, &t));
+    return MX_OK;
+}
+
+static int attention(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    const mx_attn *a = &m->layers[l].attn;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int T = k->T, d = m->d;
+    if (T <= MXC_MV_MAXT) {
+        mxc_mv mv = {.n = 3, .m = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi]},
+                     .y = {b->q, b->k, b->v}, .ldy = {a->q.rows, a->kv_dim, a->kv_dim}};
+        KL(mxc_matvec(c->st, &mv, b->xn, d, T));
+    } else {
+        int rc;
+        if ((rc = linear(k, cl->qi, b->xn, d, b->q, a->q.rows, T, e)) ||
+            (rc = linear(k, cl->ki, b->xn, d, b->k, a->kv_dim, T, e)) ||
+            (rc = linear(k, cl->vi, b->xn, d, b->v, a->kv_dim, T, e)))
+            return rc;
+    }
+    const mx_rope *ro = &m->ropes[cl->rope];
+    float *kc = k->q->k + k->q->off[l], *vc = k->q->v + k->q->off[l];
+    mxc_qkv p = {.q = b->q, .k = b->k, .v = b->v, .q_rows = a->q.rows, .qr = b->qr, .kc = kc, .vc = vc,
+                 .n_ctx = k->q->n_ctx, .pos = b->pos, .T = T, .nh = a->n_heads, .nkv = a->n_kv,
+                 .hd = a->head_dim, .qk_norm = m->fam->qk_norm == MX_QK_NORM_HEAD ? 1
+                                               : m->fam->qk_norm == MX_QK_NORM_FULL ? 2 : 0,
+                 .q_norm = cl->q_norm, .k_norm = cl->k_norm, .eps = m->eps,
+                 .clip = m->cfg.clip_qkv > 0 ? (float)m->cfg.clip_qkv : 0.0f, .v_norm = a->v_norm,
+                 .rope_dims = ro->dims, .inv_freq = c->inv_freq[cl->rope], .inv_freq_long = c->inv_long[cl->rope],
+                 .mscale = ro->mscale, .mscale_long = ro->mscale_long, .orig_max = ro->orig_max};
+    KL(mxc_qkv_post(c->st, &p));
+    mxc_att at = {.qr = b->qr, .kc = kc, .vc = vc, .n_ctx = k->q->n_ctx, .pos = b->pos, .T = T,
+                  .nh = a->n_heads, .nkv = a->n_kv, .hd = a->head_dim, .window = a->window,
+                  .scale = a->scale, .out = b->att};
+    if (T == 1) {   /* the sequence's partials cover its whole context (graphs replay at any position) */
+        at.part = k->q->part;
+        at.n_split = k->graph ? k->q->n_split : (k->last_pos + MXC_ATT_SPLIT) / MXC_ATT_SPLIT;
+    } else {
+        at.n_split = (k->last_pos + MXC_ATT_SPLIT) / MXC_ATT_SPLIT;
+        int rc = part_reserve(b, (size_t)T * (size_t)a->n_heads * (size_t)at.n_split * (size_t)(a->head_dim + 2), e);
+        if (rc)
+            return rc;
+        at.part = b->part;
+    }
+    KL(mxc_attend(c->st, &at));
+    return linear(k, cl->oi, b->att, a->q_dim, b->out, d, T, e);
+}
+
+/* The dispatch rule of moe/dispatch.c for a layer's one-token steps: the
+ * fused path when it is on, every expert matrix is quantized and none is
+ * wider than MLXCEL_FUSED_MOE_MAX_DFF. */
+static int takes_fused(const cu_layer *cl, int fused_on)
+{
+    return fused_on && cl->all_quant && cl->ff_max <= mx_moe_fused_max_dff();
+}
+
+/* Slot offsets of one token's rows of h: routed slots dff wide, then the
+ * extras. */
+static void slot_offsets(const cu_layer *cl, int *off)
+{
+    off[0] = 0;
+    for (int j = 0; j < cl->Kp; j++)
+        off[j + 1] = off[j] + (int)(j < cl->k ? cl->dff : cl->extra_ff[j - cl->k]);
+}
+
+/* The routes of T tokens from the router logits on the host (routers the
+ * GPU does not run), sent back as P and W. */
+static int host_routes(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_moe_block *mb = &c->m->layers[l].moe;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int T = k->T;
+    int rc = host_reserve(c, T, e);
+    if (rc)
+        return rc;
+    CK(d2h(c->st, c->h_rl, b->rl, sizeof(float) * (size_t)T * (size_t)cl->E));
+    if (cl->sgate_i >= 0)
+        CK(d2h(c->st, c->h_glog, b->glog, sizeof(float) * (size_t)T));
+    for (int t = 0; t < T; t++) {
+        mx_route r;
+        mx_moe_route(&mb->rule, c->h_rl + (size_t)t * (size_t)cl->E, cl->E, &r);
+        for (int j = 0; j < cl->Kp; j++) {
+            const size_t i = (size_t)t * (size_t)cl->Kp + (size_t)j;
+            if (j < cl->k) {
+                c->h_P[i] = r.idx[j];
+                c->h_W[i] = r.w[j];
+            } else {
+                c->h_P[i] = cl->E + (j - cl->k);
+                c->h_W[i] = j == cl->k && cl->sgate_i >= 0 ? 1.0f / (1.0f + expf(-c->h_glog[t])) : 1.0f;
+            }
+        }
+    }
+    CK(h2d(c->st, b->P, c->h_P, sizeof(int) * (size_t)T * (size_t)cl->Kp));
+    CK(h2d(c->st, b->W, c->h_W, sizeof(float) * (size_t)T * (size_t)cl->Kp));
+    return MX_OK;
+}
+
+/* One token's expert sum: both fused phases over all slots, or (gather)
+ * one expert at a time. */
+static int moe_one(call *k, int l, const int *P, const float *W, int fused, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P, .W = W, .lo = 0, .hi = cl->Kp, .x = b->xn,
+                  .h = b->H, .out = b->ffn, .d = c->m->d, .act = c->m->act == MX_ACT_GELU_TANH};
+    slot_offsets(cl, p.off);
+    if (fused) {
+        KL(mxc_moe_phase1(c->st, &p));
+        KL(mxc_moe_phase2(c->st, &p));
+        return MX_OK;
+    }
+    for (int j = 0; j < cl->Kp; j++) {
+        p.lo = j;
+        p.hi = j + 1;
+        p.accumulate = j > 0;
+        KL(mxc_moe_phase1(c->st, &p));
+        KL(mxc_moe_phase2(c->st, &p));
+    }
+    return MX_OK;
+}
+
+/* T tokens' expert sums: (token, slot) pairs grouped by slot kind, tiles
+ * of up to 32 pairs of one kind through gate/up and down, then each
+ * token's weighted sum. */
+static int moe_many(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int T = k->T, Kp = cl->Kp, kinds = cl->E + cl->n_extra, npair = T * Kp;
+    int rc = host_reserve(c, T, e);
+    if (rc)
+        return rc;
+    if (cl->gpu_route)
+        CK(d2h(c->st, c->h_P, b->P, sizeof(int) * (size_t)npair));
+    /* counting sort of the pairs by kind */
+    int *cnt = c->h_cnt, *tok_list = c->h_lists, *pair_list = c->h_lists + npair;
+    memset(cnt, 0, sizeof(int) * (size_t)(kinds + 1));
+    for (int p = 0; p < npair; p++)
+        cnt[c->h_P[p] + 1]++;
+    for (int x = 0; x < kinds; x++)
+        cnt[x + 1] += cnt[x];
+    for (int p = 0; p < npair; p++) {
+        const int at = cnt[c->h_P[p]]++;
+        tok_list[at] = p / Kp;
+        pair_list[at] = p;
+    }
+    /* cnt[x] is now the end of kind x's pairs; items of <= 32 pairs */
+    mxc_item *gu = c->h_items, *dn = c->h_items + (npair + kinds + 1);
+    int n_items = 0, start = 0;
+    for (int x = 0; x < kinds; x++) {
+        for (int o = start; o < cnt[x]; o += MXC_TILE_T) {
+            const int n = cnt[x] - o < MXC_TILE_T ? cnt[x] - o : MXC_TILE_T, base = cl->table + 3 * x;
+            gu[n_items] = (mxc_item){base, base + 1, o, n};
+            dn[n_items] = (mxc_item){base + 2, base + 2, o, n};
+            n_items++;
+        }
+        start = cnt[x];
+    }
+    CK(h2d(c->st, b->tok_list, tok_list, sizeof(int) * (size_t)npair));
+    CK(h2d(c->st, b->pair_list, pair_list, sizeof(int) * (size_t)npair));
+    CK(h2d(c->st, b->items, gu, sizeof(mxc_item) * (size_t)n_items));
+    CK(h2d(c->st, b->items + n_items, dn, sizeof(mxc_item) * (size_t)n_items));
+    const int d = c->m->d;
+    mxc_tile t1 = {.table = c->d_mats, .items = b->items, .n_items = n_items, .max_rows = cl->ff_max,
+                   .in_list = b->tok_list, .out_list = b->pair_list, .X = b->xn, .ldx = d, .Y = b->H,
+                   .ldy = cl->ff_max, .dual = 1, .act = c->m->act == MX_ACT_GELU_TANH};
+    KL(mxc_tile_run(c->st, &t1));
+    mxc_tile t2 = {.table = c->d_mats, .items = b->items + n_items, .n_items = n_items, .max_rows = d,
+                   .in_list = b->pair_list, .out_list = b->pair_list, .X = b->H, .ldx = cl->ff_max,
+                   .Y = b->Y, .ldy = d};
+    KL(mxc_tile_run(c->st, &t2));
+    KL(mxc_combine(c->st, b->Y, b->W, T, Kp, d, b->ffn));
+    return MX_OK;
+}
+
+/* A dense layer's MLP on T > 1 tokens: gate/up tiles, then down. */
+static int mlp_many(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int d = c->m->d;
+    const int64_t ff = cl->extra_ff[0];
+    mxc_tile t1 = {.table = c->d_mats, .plain = {cl->table, cl->table + 1, 0, k->T}, .max_rows = ff,
+                   .X = b->xn, .ldx = d, .Y = b->H, .ldy = ff, .dual = 1,
+                   .act = c->m->act == MX_ACT_GELU_TANH};
+    KL(mxc_tile_run(c->st, &t1));
+    mxc_tile t2 = {.table = c->d_mats, .plain = {cl->table + 2, cl->table + 2, 0, k->T}, .max_rows = d,
+                   .X = b->H, .ldx = ff, .Y = b->ffn, .ldy = d};
+    KL(mxc_tile_run(c->st, &t2));
+    return MX_OK;
+}
+
+static int ffn(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int T = k->T, d = m->d;
+    if (!cl->is_moe) {
+        if (T > 1)
+            return mlp_many(k, l, e);
+        return moe_one(k, l, c->one_P, c->one_W, 1, e);
+    }
+    /* router logits and the shared expert's gate logit */
+    if (T <= MXC_MV_MAXT) {
+        mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
+        if (cl->sgate_i >= 0) {
+            mv.n = 2;
+            mv.m[1] = c->mats[cl->sgate_i];
+            mv.y[1] = b->glog;
+            mv.ldy[1] = 1;
+        }
+        KL(mxc_matvec(c->st, &mv, b->xn, d, T));
+    } else {
+        int rc = linear(k, cl->router_i, b->xn, d, b->rl, cl->E, T, e);
+        if (!rc && cl->sgate_i >= 0)
+            rc = linear(k, cl->sgate_i, b->xn, d, b->glog, 1, T, e);
+        if (rc)
+            return rc;
+    }
+    if (k->tr && k->tr->router_logits)
+        CK(d2h(c->st, k->tr->router_logits + (size_t)l * (size_t)T * (size_t)m->n_experts, b->rl,
+               sizeof(float) * (size_t)T * (size_t)cl->E));
+    int rc;
+    if (cl->gpu_route) {
+        mxc_route r = {.logits = b->rl, .T = T, .E = cl->E, .k = cl->k,
+                       .norm_topk = m->layers[l].moe.rule.norm_topk, .expert_scale = cl->expert_scale,
+                       .n_extra = cl->n_extra, .glog = cl->sgate_i >= 0 ? b->glog : NULL, .P = b->P, .W = b->W};
+        KL(mxc_route_softmax(c->st, &r));
+    } else if ((rc = host_routes(k, l, e))) {
+        return rc;
+    }
+    if (T > 1) {
+        mx_moe_count(MX_MOE_GATHER, 1);
+        return moe_many(k, l, e);
+    }
+    const int fused = takes_fused(cl, k->fused);
+    if (!k->graph)   /* a captured step is counted when it runs (count_step) */
+        mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, 1);
+    return moe_one(k, l, b->P, b->W, fused, e);
+}
+
+/* The trace's copy of rows [T][d] of x after layer `slot` (0: embeddings). */
+static int trace_rows(call *k, const float *x, int slot, mx_err *e)
+{
+    const size_t n = (size_t)k->T * (size_t)k->c->m->d;
+    CK(d2h(k->c->st, k->tr->hidden + (size_t)slot * n, x, n * sizeof(float)));
+    return MX_OK;
+}
+
+/* Everything of one call after its tokens and positions are in b->tok and
+ * b->pos; the last token's logits end in b->logits when want_last. */
+static int run_pass(call *k, int want_last, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    cu_buf *b = k->b;
+    const int T = k->T, d = m->d;
+    const mx_forward_trace *tr = k->tr;
+    int rc;
+    KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, T, m->embed_scale, b->x));
+    if (tr && tr->hidden && (rc = trace_rows(k, b->x, 0, e)))
+        return rc;
+    const float *delta = NULL;
+    for (int l = 0; l < m->n_layers; l++) {
+        const cu_layer *cl = &c->layers[l];
+        KL(mxc_addnorm(c->st, b->x, delta, cl->an_w, cl->an_b, T, d, m->eps, b->xn));
+        if ((rc = attention(k, l, e)))
+            return rc;
+        KL(mxc_addnorm(c->st, b->x, b->out, cl->fn_w, cl->fn_b, T, d, m->eps, b->xn));
+        if ((rc = ffn(k, l, e)))
+            return rc;
+        delta = b->ffn;
+        if (tr && tr->hidden && l + 1 < m->n_layers) {
+            KL(mxc_add(c->st, b->x, b->ffn, (int64_t)T * d));
+            delta = NULL;
+            if ((rc = trace_rows(k, b->x, l + 1, e)))
+                return rc;
+        }
+    }
+    KL(mxc_addnorm(c->st, b->x, delta, c->fn_w, c->fn_b, T, d, m->eps, b->xn));
+    if (tr && tr->hidden && (rc = trace_rows(k, b->xn, m->n_layers, e)))
+        return rc;
+    if (tr && tr->all_logits) {
+        if (b->all_cap < T) {
+            cudaFree(b->all_logits);
+            b->all_logits = NULL;
+            b->all_cap = 0;
+            CK(dalloc(&b->all_logits, (size_t)T * (size_t)m->vocab * sizeof(float)));
+            b->all_cap = T;
+        }
+        if ((rc = linear(k, c->head_i, b->xn, d, b->all_logits, m->vocab, T, e)))
+            return rc;
+        if (m->softcap > 0)
+            KL(mxc_softcap(c->st, b->all_logits, (int64_t)T * m->vocab, m->softcap));
+        CK(d2h(c->st, tr->all_logits, b->all_logits, sizeof(float) * (size_t)T * (size_t)m->vocab));
+    }
+    if (want_last) {
+        if ((rc = linear(k, c->head_i, b->xn + (size_t)(T - 1) * (size_t)d, d, b->logits, m->vocab, 1, e)))
+            return rc;
+        if (m->softcap > 0)
+            KL(mxc_softcap(c->st, b->logits, m->vocab, m->softcap));
+    }
+    return MX_OK;
+}
+
+/* Captures the one-token step of sequence q into a graph. */
+static int capture_step(cu_ctx *c, cu_seq *q, int fused, mx_err *e)
+{
+    const mx_model *m = c->m;
+    cu_buf *b = &c->dec;
+    call k = {.c = c, .q = q, .b = b, .T = 1, .last_pos = q->n_ctx - 1, .fused = fused, .graph = 1};
+    cudaGraph_t g = NULL;
+    CK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
+    cudaError_t ce = cudaMemcpyAsync(b->tok, c->h_tok, sizeof(int32_t), cudaMemcpyHostToDevice, c->st);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(b->pos, c->h_pos, sizeof(int), cudaMemcpyHostToDevice, c->st);
+    int rc = ce == cudaSuccess ? run_pass(&k, 1, e) : cu_fail(e, ce, "cudaMemcpyAsync");
+    if (!rc) {
+        ce = cudaMemcpyAsync(c->h_logits, b->logits, sizeof(float) * (size_t)m->vocab, cudaMemcpyDeviceToHost, c->st);
+        if (ce != cudaSuccess)
+            rc = cu_fail(e, ce, "cudaMemcpyAsync");
+    }
+    ce = cudaStreamEndCapture(c->st, &g);
+    if (!rc && ce != cudaSuccess)
+        rc = cu_fail(e, ce, "cudaStreamEndCapture");
+    if (!rc) {
+        ce = cudaGraphInstantiate(&q->graph[fused], g, 0);
+        if (ce != cudaSuccess)
+            rc = cu_fail(e, ce, "cudaGraphInstantiate");
+    }
+    if (g)
+        cudaGraphDestroy(g);
+    cudaGetLastError();
+    return rc;
+}
+
+/* The dispatch counts of one one-token step (what run_pass counts). */
+static void count_step(const cu_ctx *c, int fused)
+{
+    for (int l = 0; l < c->m->n_layers; l++) {
+        const cu_layer *cl = &c->layers[l];
+        if (cl->is_moe)
+            mx_moe_count(takes_fused(cl, fused) ? MX_MOE_FUSED : MX_MOE_GATHER, 1);
+    }
+}
+
+static int cu_forward(void *ctx, mx_seq *s, const int32_t *tokens, int n, float *logits,
+                      const mx_forward_trace *trace, mx_err *e)
+{
+    cu_ctx *c = ctx;
+    const mx_model *m = c->m;
+    cu_seq *q = seq_state(c, s, e);
+    if (!q)
+        return e->code;
+    const int fused = mx_moe_fused_enabled() ? 1 : 0;
+    if (n == 1 && !trace && logits && c->graphable && mx_env_flag("MLXCEL_CUDA_GRAPH", 1)) {
+        *c->h_tok = tokens[0];
+        *c->h_pos = s->pos;
+        if (!q->graph[fused]) {
+            int rc = capture_step(c, q, fused, e);
+            if (rc)
+                return rc;
+        }
+        CK(cudaGraphLaunch(q->graph[fused], c->st));
+        CK(cudaStreamSynchronize(c->st));
+        count_step(c, fused);
+        memcpy(logits, c->h_logits, sizeof(float) * (size_t)m->vocab);
+        return MX_OK;
+    }
+    cu_buf *b = n == 1 ? &c->dec : &c->pre;
+    int rc = buf_reserve(c, b, n, e);
+    if (rc)
+        return rc;
+    int *pos = malloc(sizeof(int) * (size_t)n);
+    if (!pos)
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    for (int t = 0; t < n; t++)
+        pos[t] = s->pos + t;
+    cudaError_t ce = h2d(c->st, b->tok, tokens, sizeof(int32_t) * (size_t)n);
+    if (ce == cudaSuccess)
+        ce = h2d(c->st, b->pos, pos, sizeof(int) * (size_t)n);
+    free(pos);
+    if (ce != cudaSuccess)
+        return cu_fail(e, ce, "cudaMemcpy");
+    call k = {.c = c, .q = q, .b = b, .T = n, .last_pos = s->pos + n - 1, .fused = fused, .tr = trace};
+    if ((rc = run_pass(&k, logits != NULL, e)))
+        return rc;
+    if (logits)
+        CK(d2h(c->st, logits, b->logits, sizeof(float) * (size_t)m->vocab));
+    CK(cudaStreamSynchronize(c->st));
+    return MX_OK;
+}
+
+static void cu_free(void *ctx)
+{
+    cu_ctx *c = ctx;
+    if (!c)
+        return;
+    cudaDeviceSynchronize();
+    buf_free(&c->dec);
+    buf_free(&c->pre);
+    for (size_t i = 0; i < c->n_extra; i++)
+        cudaFree(c->extra[i].d);
+    free(c->extra);
+    cudaFree(c->blob);
+    cudaFree(c->d_mats);
+    cudaFree(c->one_P);
+    cudaFree(c->one_W);
+    cudaFreeHost(c->h_tok);
+    cudaFreeHost(c->h_pos);
+    cudaFreeHost(c->h_logits);
+    if (c->st)
+        cudaStreamDestroy(c->st);
+    free(c->ranges);
+    free(c->mats);
+    free(c->layers);
+    free(c->h_rl), free(c->h_glog), free(c->h_W), free(c->h_P), free(c->h_lists), free(c->h_cnt),
+        free(c->h_items);
+    free(c);
+}
+
+/* ---- public ------------------------------------------------------------------------ */
+
+int mx_cuda_built(void) { return 1; }
+
+int mx_cuda_probe(char *info, size_t cap)
+{
+    int n = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    if (ce != cudaSuccess || n == 0) {
+        snprintf(info, cap, "no CUDA GPU is usable (%s)",
+                 ce != cudaSuccess ? cudaGetErrorString(ce) : "no device found");
+        cudaGetLastError();
+        return 0;
+    }
+    struct cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
+        snprintf(info, cap, "GPU 0 does not answer");
+        return 0;
+    }
+    snprintf(info, cap, "%s, compute capability %d.%d, %d SMs, %.1f GiB", p.name, p.major, p.minor,
+             p.multiProcessorCount, (double)p.totalGlobalMem / 1073741824.0);
+    return 1;
+}
+
+int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *e)
+{
+    cu_ctx c = {0};
+    float *dx = NULL, *dy = NULL;
+    int idx, rc = add_mat(&c, l, "linear", &idx, e);
+    const size_t nx = (size_t)T * (size_t)l->cols, ny = (size_t)T * (size_t)l->rows;
+    cudaError_t ce = cudaSuccess;
+    if (!rc) {
+        ce = dalloc(&c.d_mats, sizeof(mxc_mat));
+        if (ce == cudaSuccess)
+            ce = cudaMemcpy(c.d_mats, c.mats, sizeof(mxc_mat), cudaMemcpyHostToDevice);
+        if (ce == cudaSuccess)
+            ce = dalloc(&dx, nx * sizeof(float));
+        if (ce == cudaSuccess)
+            ce = dalloc(&dy, ny * sizeof(float));
+        if (ce == cudaSuccess)
+            ce = cudaMemcpy(dx, X, nx * sizeof(float), cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess)
+            rc = cu_fail(e, ce, "mx_cuda_linear");
+    }
+    if (!rc) {
+        call k = {.c = &c, .T = T};
+        rc = linear(&k, idx, dx, l->cols, dy, l->rows, T, e);
+    }
+    if (!rc && (ce = cudaMemcpy(Y, dy, ny * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess)
+        rc = cu_fail(e, ce, "mx_cuda_linear");
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(c.d_mats);
+    for (size_t i = 0; i < c.n_extra; i++)
+        cudaFree(c.extra[i].d);
+    free(c.extra);
+    free(c.mats);
+    return rc;
+}
+
+double mx_cuda_membw_probe(size_t bytes, int reps)
+{
+    return mxc_copy_bandwidth(bytes, reps);
+}
+
+int mx_cuda_attach(mx_model *m, mx_err *e)
+{
+    char info[256];
+    if (!mx_cuda_probe(info, sizeof info))
+        return mx_fail(e, MX_EUNSUPPORTED, "device cuda: %s", info);
+    for (int l = 0; l < m->n_layers; l++) {
+        const char *why = unsupported(m, l);
+        if (why)
+            return mx_fail(e, MX_EUNSUPPORTED, "device cuda: %s (model_type %s, layer %d) not supported on the GPU",
+                           why, m->cfg.model_type, l);
+    }
+    if (m->d % 32)
+        return mx_fail(e, MX_EUNSUPPORTED, "device cuda: hidden size %d is not a multiple of 32", m->d);
+    cu_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    c->m = m;
+    c->graphable = 1;
+    snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
+    int rc = MX_OK;
+    cudaError_t ce = cudaSetDevice(0);
+    if (ce == cudaSuccess)
+        ce = cudaStreamCreate(&c->st);
+    if (ce != cudaSuccess) {
+        rc = cu_fail(e, ce, "starting GPU 0");
+        goto fail;
+    }
+    if ((rc = upload_tensors(c, e)))
+        goto fail;
+    if (!(c->layers = calloc((size_t)m->n_layers, sizeof *c->layers))) {
+        rc = mx_fail(e, MX_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = add_mat(c, &m->embed, "the embedding", &c->embed_i, e)) ||
+        (rc = add_mat(c, &m->lm_head, "lm_head", &c->head_i, e)))
+        goto fail;
+    c->fn_w = dev_f32(c, m->final_norm.w, (size_t)m->d, e);
+    c->fn_b = m->final_norm.b ? dev_f32(c, m->final_norm.b, (size_t)m->d, e) : NULL;
+    for (int r = 0; r < m->n_ropes && !e->code; r++) {
+        c->inv_freq[r] = dev_f32(c, m->ropes[r].inv_freq, (size_t)(m->ropes[r].dims / 2 > 0 ? m->ropes[r].dims / 2 : 1), e);
+        if (m->ropes[r].inv_freq_long)
+            c->inv_long[r] = dev_f32(c, m->ropes[r].inv_freq_long, (size_t)(m->ropes[r].dims / 2), e);
+    }
+    if (e->code) {
+        rc = e->code;
+        goto fail;
+    }
+    for (int l = 0; l < m->n_layers; l++)
+        if ((rc = setup_layer(c, l, e)))
+            goto fail;
+    ce = dalloc(&c->d_mats, sizeof(mxc_mat) * (size_t)c->n_mats);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(c->d_mats, c->mats, sizeof(mxc_mat) * (size_t)c->n_mats, cudaMemcpyHostToDevice);
+    const int zero = 0;
+    const float one = 1.0f;
+    if (ce == cudaSuccess)
+        ce = dalloc(&c->one_P, sizeof(int));
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(c->one_P, &zero, sizeof(int), cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess)
+        ce = dalloc(&c->one_W, sizeof(float));
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(c->one_W, &one, sizeof(float), cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess)
+        ce = cudaMallocHost((void **)&c->h_tok, sizeof(int32_t));
+    if (ce == cudaSuccess)
+        ce = cudaMallocHost((void **)&c->h_pos, sizeof(int));
+    if (ce == cudaSuccess)
+        ce = cudaMallocHost((void **)&c->h_logits, sizeof(float) * (size_t)m->vocab);
+    if (ce != cudaSuccess) {
+        rc = cu_fail(e, ce, "allocating the model's tables");
+        goto fail;
+    }
+    if ((rc = buf_reserve(c, &c->dec, 1, e)))
+        goto fail;
+    c->be = (mx_backend){.name = c->name, .forward = cu_forward, .seq_free = cu_seq_free, .free = cu_free};
+    mx_model_set_backend(m, &c->be, c);
+    return MX_OK;
+fail:
+    cu_free(c);
+    return rc;
+}

@@ -1,0 +1,177 @@
+/* kern.h - the CUDA kernels of the backend, as C functions that launch
+ * them on a stream (kernels.cu).  Internal to src/cuda: backend.c is the
+ * only caller.
+ *
+ * Weights stay in the MLX affine layout they have on disk (quant.h):
+ * packed U32 rows, f16/bf16/f32 scales and biases per group.  Every
+ * kernel works on 32-value chunks of a row: 32 values of `bits` bits are
+ * exactly `bits` 32-bit words, and a chunk never straddles a group
+ * (group sizes are 32, 64 or 128).  Activations are f32, and every dot
+ * product is accumulated in f32 as s * sum(q x) + b * sum(x) per chunk,
+ * the same identity the CPU kernels use. */
+#ifndef MX_CUDA_KERN_H
+#define MX_CUDA_KERN_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MXC_F32 = 0, MXC_F16 = 1, MXC_BF16 = 2 };
+
+/* One weight matrix on the device: quantized (bits 2..8) or plain float
+ * (bits 0, dt the weights' dtype). */
+typedef struct mxc_mat {
+    const void *w;               /* packed words (row r at r * cols * bits / 32) or float rows */
+    const void *s, *b;           /* [rows][cols / gs] scales and biases (bits > 0) */
+    const float *bias;           /* [rows] added to the output, or NULL */
+    int64_t rows, cols;
+    int bits, gs, dt;            /* dt: scales' dtype (bits > 0), else the weights' */
+} mxc_mat;
+
+/* The largest number of tokens the matvec kernel takes in one call (more
+ * go through the tile kernel). */
+#define MXC_MV_MAXT 8
+/* Slots of one token's expert sum: routed experts plus extra MLPs. */
+#define MXC_MAX_SLOTS 66
+/* Positions of the KV cache one attention block covers. */
+#define MXC_ATT_SPLIT 256
+/* Tokens and rows of one tile of the prefill kernel. */
+#define MXC_TILE_T 32
+#define MXC_TILE_R 64
+
+/* Y_i[t * ldy_i + r] = (M_i x_t)[r] + bias for up to 4 matrices read in one
+ * launch (their rows concatenated), T <= MXC_MV_MAXT tokens x_t = X + t*ldx. */
+typedef struct mxc_mv {
+    int n;
+    mxc_mat m[4];
+    float *y[4];
+    int64_t ldy[4];
+} mxc_mv;
+int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T);
+
+/* The tile (prefill) kernel.  An item is up to MXC_TILE_T rows of X
+ * through matrix m0 of the table (dual: act(m0 x) * (m1 x), the gated
+ * MLP's hidden value), rows of X and of Y named by in_list / out_list
+ * from `off` (NULL lists: rows off, off + 1, ...). */
+typedef struct mxc_item {
+    int m0, m1, off, n;
+} mxc_item;
+typedef struct mxc_tile {
+    const mxc_mat *table;        /* device */
+    const mxc_item *items;       /* device, n_items of them; NULL: the plain item below */
+    int n_items;
+    mxc_item plain;              /* when items is NULL: tokens [0, plain.n) in tiles */
+    int64_t max_rows;            /* the most rows of any item's matrix */
+    const int *in_list, *out_list;
+    const float *X;
+    int64_t ldx;
+    float *Y;
+    int64_t ldy;
+    int dual, act;
+} mxc_tile;
+int mxc_tile_run(cudaStream_t st, const mxc_tile *t);
+
+/* x[t] = embed row tokens[t] times scale. */
+int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x);
+
+/* x[t] += delta[t] (delta may be NULL), xn[t] = norm(x[t]): RMSNorm with w,
+ * or LayerNorm with w and b when b is not NULL.  T rows of d. */
+int mxc_addnorm(cudaStream_t st, float *x, const float *delta, const float *w, const float *b, int T,
+                int d, float eps, float *xn);
+
+/* x[i] += d[i], i < n. */
+int mxc_add(cudaStream_t st, float *x, const float *d, int64_t n);
+
+/* After the q, k, v projections of T tokens: each q head clipped, normed
+ * and rotated into qr [T][nh][hd]; each kv head's k (the same) and v
+ * (clipped, v_norm) into the cache at the token's position. */
+typedef struct mxc_qkv {
+    const float *q, *k, *v;      /* [T][q_rows], [T][kv_dim], [T][kv_dim] */
+    int64_t q_rows;
+    float *qr;
+    float *kc, *vc;              /* the layer's cache: [nkv][n_ctx][hd] */
+    int n_ctx;
+    const int *pos;              /* [T] device */
+    int T, nh, nkv, hd;
+    int qk_norm;                 /* 0 none, 1 per head, 2 full width */
+    const float *q_norm, *k_norm;
+    float eps, clip;
+    int v_norm;
+    int rope_dims;
+    const float *inv_freq, *inv_freq_long;
+    float mscale, mscale_long;
+    int orig_max;
+} mxc_qkv;
+int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p);
+
+/* Attention of T tokens over the cache: out [T][nh * hd].  part holds
+ * T * nh * n_split * (hd + 2) floats, n_split = ceil(n_ctx_span / MXC_ATT_SPLIT)
+ * for the furthest position the call can reach. */
+typedef struct mxc_att {
+    const float *qr;
+    const float *kc, *vc;
+    int n_ctx;
+    const int *pos;
+    int T, nh, nkv, hd, window;
+    float scale;
+    float *part;
+    int n_split;
+    float *out;
+} mxc_att;
+int mxc_attend(cudaStream_t st, const mxc_att *a);
+
+/* Softmax top-k routing of T tokens from logits [T][E]: P [T][K'] gets the
+ * experts (then the extra MLPs' slots E, E + 1, ...) and W [T][K'] their
+ * weights (an extra slot's weight: sigmoid of its gate logit glog[t], or 1
+ * when glog is NULL). */
+typedef struct mxc_route {
+    const float *logits;
+    int T, E, k, norm_topk;
+    const float *expert_scale;   /* [E] or NULL */
+    int n_extra;
+    const float *glog;           /* [T] the first extra slot's gate logits, or NULL */
+    int *P;
+    float *W;
+} mxc_route;
+int mxc_route_softmax(cudaStream_t st, const mxc_route *r);
+
+/* One token's expert sum, out = sum_j W[j] down_j(act(gate_j x) * up_j x)
+ * over slots j in [lo, hi).  table holds 3 matrices (gate, up, down) per
+ * slot kind, kind P[j]; off[j] is slot j's first row of h. */
+typedef struct mxc_moe1 {
+    const mxc_mat *table;
+    const int *P;
+    const float *W;
+    int off[MXC_MAX_SLOTS + 1];
+    int lo, hi;
+    const float *x;
+    float *h;
+    float *out;
+    int64_t d;
+    int act;
+    int accumulate;              /* phase 2 adds to out instead of overwriting it */
+} mxc_moe1;
+/* Phase 1: h rows of every slot (gate and up rows of all of them in one
+ * launch); phase 2: out rows, the weights folded in. */
+int mxc_moe_phase1(cudaStream_t st, const mxc_moe1 *p);
+int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p);
+
+/* out[t][i] = sum_j W[t][j] Y[t * K + j][i], t < T, i < d. */
+int mxc_combine(cudaStream_t st, const float *Y, const float *W, int T, int K, int64_t d, float *out);
+
+/* logits[i] = tanh(logits[i] / cap) * cap. */
+int mxc_softcap(cudaStream_t st, float *logits, int64_t n, float cap);
+
+/* A device-to-device copy of `bytes`, reps times: GB/s counting bytes read
+ * and written (median), or < 0 on error. */
+double mxc_copy_bandwidth(size_t bytes, int reps);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,855 @@
+/* kernels.cu - the CUDA kernels of the backend (kern.h says what each
+ * computes).  Plain CUDA C: no templates beyond the bit width of a chunk,
+ * no libraries.
+ *
+ * How the decode kernels spend the bandwidth: one warp per output row, its
+ * lanes on consecutive 32-value chunks (a 4-bit chunk is one 16-byte
+ * load, so a warp reads 512 contiguous bytes per step), 8 rows per block,
+ * and as many blocks as rows / 8, so a matrix of a few thousand rows
+ * already fills every SM.  The fused MoE kernels do the same over the
+ * rows of all active experts at once: phase 1 the gate and up rows of
+ * every slot (one warp computes both rows and writes act(g) * u), phase 2
+ * the output rows with each slot's router weight folded in. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/kern.h"
+
+#define WARPS 8
+#define THREADS (WARPS * 32)
+
+/* 0, or the launch's error code. */
+static int launched(void) { return (int)cudaGetLastError(); }
+
+/* ---- small device helpers ------------------------------------------------- */
+
+__device__ __forceinline__ float ldf(const void *p, int dt, int64_t i)
+{
+    if (dt == MXC_F16)
+        return __half2float(((const __half *)p)[i]);
+    if (dt == MXC_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024);
+ * every thread gets it. */
+__device__ double block_sum(double v)
+{
+    __shared__ double part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();   /* part may still be read by a previous call */
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++)
+        s += part[i];
+    return s;
+}
+
+__device__ float block_maxf(float v)
+{
+    __shared__ float part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = 0; i < nw; i++)
+        m = fmaxf(m, part[i]);
+    return m;
+}
+
+/* act(g) * u, as moe.h's mx_glu: SiLU or GELU (tanh). */
+__device__ __forceinline__ float glu(int act, float g, float u)
+{
+    if (act == 1) {
+        const float k = 0.7978845608028654f;
+        return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * u;
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* ---- chunks of a row ----------------------------------------------------------- */
+
+/* The BITS words of a 32-value chunk, with the widest aligned loads the
+ * width allows (rows and chunks of 2, 4 and 8 bits are 8/16-byte aligned). */
+template <int BITS>
+__device__ __forceinline__ void load_words(const uint32_t *__restrict__ p, uint32_t *w)
+{
+    if constexpr (BITS == 4) {
+        const uint4 v = __ldg((const uint4 *)p);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (BITS == 8) {
+        const uint4 a = __ldg((const uint4 *)p), b = __ldg((const uint4 *)p + 1);
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else if constexpr (BITS == 2) {
+        const uint2 v = __ldg((const uint2 *)p);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < BITS; i++)
+            w[i] = __ldg(p + i);
+    }
+}
+
+/* The 32 integers of a chunk: value i at bits [i*BITS, (i+1)*BITS) of the
+ * little-endian stream (all indices compile-time constants). */
+template <int BITS>
+__device__ __forceinline__ void unpack32(const uint32_t *w, float *q)
+{
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int bit = i * BITS, wi = bit >> 5, sh = bit & 31;
+        uint32_t v = w[wi] >> sh;
+        if (sh + BITS > 32)
+            v |= w[wi + 1] << (32 - sh);
+        q[i] = (float)(v & ((1u << BITS) - 1u));
+    }
+}
+
+/* acc[t] += (chunk c of row r) . (chunk c of x_t) for t < T (NT at most). */
+template <int BITS, int NT>
+__device__ __forceinline__ void chunk_dot(const mxc_mat &m, int64_t r, int64_t c, const float *X,
+                                          int64_t ldx, int T, float *acc)
+{
+    float q[32];
+    float s = 1.0f, b = 0.0f;
+    if constexpr (BITS == 0) {
+        const int64_t base = r * m.cols + c * 32;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            q[i] = ldf(m.w, m.dt, base + i);
+    } else {
+        uint32_t w[BITS];
+        load_words<BITS>((const uint32_t *)m.w + r * (m.cols * BITS / 32) + c * BITS, w);
+        unpack32<BITS>(w, q);
+        const int64_t gi = r * (m.cols / m.gs) + (c * 32) / m.gs;
+        s = ldf(m.s, m.dt, gi);
+        b = ldf(m.b, m.dt, gi);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= T)
+            break;
+        const float4 *xp = (const float4 *)(X + t * ldx + c * 32);
+        float sqx = 0.0f, sx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = xp[i];
+            sqx += q[4 * i] * v.x + q[4 * i + 1] * v.y + q[4 * i + 2] * v.z + q[4 * i + 3] * v.w;
+            sx += (v.x + v.y) + (v.z + v.w);
+        }
+        acc[t] += BITS == 0 ? sqx : s * sqx + b * sx;
+    }
+}
+
+/* This lane's share of row r . x_t (lanes take chunks lane, lane + 32, ...). */
+template <int BITS, int NT>
+__device__ __forceinline__ void row_dot_b(const mxc_mat &m, int64_t r, const float *X, int64_t ldx,
+                                          int T, float *acc, int lane)
+{
+    const int64_t nch = m.cols >> 5;
+#pragma unroll 2
+    for (int64_t c = lane; c < nch; c += 32)
+        chunk_dot<BITS, NT>(m, r, c, X, ldx, T, acc);
+}
+
+template <int NT>
+__device__ __forceinline__ void row_dot(const mxc_mat &m, int64_t r, const float *X, int64_t ldx,
+                                        int T, float *acc, int lane)
+{
+    switch (m.bits) {
+    case 2: row_dot_b<2, NT>(m, r, X, ldx, T, acc, lane); break;
+    case 3: row_dot_b<3, NT>(m, r, X, ldx, T, acc, lane); break;
+    case 4: row_dot_b<4, NT>(m, r, X, ldx, T, acc, lane); break;
+    case 5: row_dot_b<5, NT>(m, r, X, ldx, T, acc, lane); break;
+    case 6: row_dot_b<6, NT>(m, r, X, ldx, T, acc, lane); break;
+    case 8: row_dot_b<8, NT>(m, r, X, ldx, T, acc, lane); break;
+    default: row_dot_b<0, NT>(m, r, X, ldx, T, acc, lane); break;
+    }
+}
+
+/* Gate and up rows r of one expert against one x, their chunks
+ * interleaved so both rows' loads are in flight together. */
+template <int BITS>
+__device__ __forceinline__ void dual_dot_b(const mxc_mat &g, const mxc_mat &u, int64_t r,
+                                           const float *x, float *ag, float *au, int lane)
+{
+    const int64_t nch = g.cols >> 5;
+    for (int64_t c = lane; c < nch; c += 32) {
+        chunk_dot<BITS, 1>(g, r, c, x, 0, 1, ag);
+        chunk_dot<BITS, 1>(u, r, c, x, 0, 1, au);
+    }
+}
+
+__device__ __forceinline__ void dual_dot(const mxc_mat &g, const mxc_mat &u, int64_t r,
+                                         const float *x, float *ag, float *au, int lane)
+{
+    if (g.bits != u.bits) {
+        row_dot<1>(g, r, x, 0, 1, ag, lane);
+        row_dot<1>(u, r, x, 0, 1, au, lane);
+        return;
+    }
+    switch (g.bits) {
+    case 2: dual_dot_b<2>(g, u, r, x, ag, au, lane); break;
+    case 3: dual_dot_b<3>(g, u, r, x, ag, au, lane); break;
+    case 4: dual_dot_b<4>(g, u, r, x, ag, au, lane); break;
+    case 5: dual_dot_b<5>(g, u, r, x, ag, au, lane); break;
+    case 6: dual_dot_b<6>(g, u, r, x, ag, au, lane); break;
+    case 8: dual_dot_b<8>(g, u, r, x, ag, au, lane); break;
+    default: dual_dot_b<0>(g, u, r, x, ag, au, lane); break;
+    }
+}
+
+/* ---- matvec: T <= 8 tokens, up to 4 matrices in one launch ------------------ */
+
+template <int NT>
+__global__ void __launch_bounds__(THREADS) k_matvec(mxc_mv mv, const float *X, int64_t ldx, int T,
+                                                   int64_t total)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * WARPS + warp;
+    if (r >= total)
+        return;
+    int i = 0;
+    while (i < mv.n - 1 && r >= mv.m[i].rows)
+        r -= mv.m[i++].rows;
+    const mxc_mat m = mv.m[i];
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        acc[t] = 0.0f;
+    row_dot<NT>(m, r, X, ldx, T, acc, lane);
+    const float bias = m.bias ? m.bias[r] : 0.0f;
+    float *y = mv.y[i];
+    const int64_t ldy = mv.ldy[i];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0 && t < T)
+            y[t * ldy + r] = v + bias;
+    }
+}
+
+int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T)
+{
+    int64_t total = 0;
+    for (int i = 0; i < mv->n; i++)
+        total += mv->m[i].rows;
+    const unsigned blocks = (unsigned)((total + WARPS - 1) / WARPS);
+    if (T == 1)
+        k_matvec<1><<<blocks, THREADS, 0, st>>>(*mv, X, ldx, T, total);
+    else
+        k_matvec<MXC_MV_MAXT><<<blocks, THREADS, 0, st>>>(*mv, X, ldx, T, total);
+    return launched();
+}
+
+/* ---- the tile kernel (prefill) ------------------------------------------------ */
+
+/* Values [sub*8, sub*8 + 8) of chunk c of row r, dequantized. */
+__device__ __forceinline__ void dequant8(const mxc_mat &M, int64_t r, int64_t c, int sub, float *v)
+{
+    if (M.bits == 0) {
+        const int64_t base = r * M.cols + c * 32 + sub * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] = ldf(M.w, M.dt, base + i);
+        return;
+    }
+    const int bits = M.bits;
+    const uint32_t *cw = (const uint32_t *)M.w + r * (M.cols * bits / 32) + c * bits;
+    const int64_t gi = r * (M.cols / M.gs) + (c * 32) / M.gs;
+    const float s = ldf(M.s, M.dt, gi), b = ldf(M.b, M.dt, gi);
+    const uint32_t mask = (1u << bits) - 1u;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int bit = (sub * 8 + i) * bits, wi = bit >> 5, sh = bit & 31;
+        uint32_t x = __ldg(cw + wi) >> sh;
+        if (sh + bits > 32)
+            x |= __ldg(cw + wi + 1) << (32 - sh);
+        v[i] = s * (float)(x & mask) + b;
+    }
+}
+
+/* A 64-row x 32-token tile: each K step dequantizes 64 rows x 32 values
+ * (two matrices in dual mode) and stages 32 tokens x 32 values in shared
+ * memory; each thread owns 4 rows x 2 tokens of the output. */
+__global__ void __launch_bounds__(256) k_tile(mxc_tile a)
+{
+    __shared__ float Ws[2][MXC_TILE_R][33];
+    __shared__ float Xs[MXC_TILE_T][33];
+    mxc_item it;
+    if (a.items) {
+        it = a.items[blockIdx.y];
+    } else {
+        it = a.plain;
+        it.off = blockIdx.y * MXC_TILE_T;
+        it.n = min(MXC_TILE_T, a.plain.n - it.off);
+    }
+    const mxc_mat M0 = a.table[it.m0];
+    const mxc_mat M1 = a.dual ? a.table[it.m1] : M0;
+    const int64_t r0 = (int64_t)blockIdx.x * MXC_TILE_R;
+    if (r0 >= M0.rows)
+        return;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    float acc[2][4][2];
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[k][i][0] = acc[k][i][1] = 0.0f;
+    const int lt = tid >> 3, xpart = (tid & 7) * 4;
+    int64_t xrow = -1;
+    if (lt < it.n)
+        xrow = a.in_list ? a.in_list[it.off + lt] : it.off + lt;
+    const int wr = tid >> 2, sub = tid & 3;
+    const int64_t grow = r0 + wr;
+    const int64_t nch = M0.cols >> 5;
+    for (int64_t c = 0; c < nch; c++) {
+        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (xrow >= 0)
+            xv = *(const float4 *)(a.X + xrow * a.ldx + c * 32 + xpart);
+        Xs[lt][xpart] = xv.x;
+        Xs[lt][xpart + 1] = xv.y;
+        Xs[lt][xpart + 2] = xv.z;
+        Xs[lt][xpart + 3] = xv.w;
+        for (int k = 0; k < (a.dual ? 2 : 1); k++) {
+            float v[8];
+            if (grow < M0.rows) {
+                dequant8(k ? M1 : M0, grow, c, sub, v);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    v[i] = 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                Ws[k][wr][sub * 8 + i] = v[i];
+        }
+        __syncthreads();
+        if (a.dual) {
+#pragma unroll 8
+            for (int kk = 0; kk < 32; kk++) {
+                const float x0 = Xs[ty][kk], x1 = Xs[ty + 16][kk];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float g = Ws[0][tx + 16 * i][kk], u = Ws[1][tx + 16 * i][kk];
+                    acc[0][i][0] += g * x0;
+                    acc[0][i][1] += g * x1;
+                    acc[1][i][0] += u * x0;
+                    acc[1][i][1] += u * x1;
+                }
+            }
+        } else {
+#pragma unroll 8
+            for (int kk = 0; kk < 32; kk++) {
+                const float x0 = Xs[ty][kk], x1 = Xs[ty + 16][kk];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float w = Ws[0][tx + 16 * i][kk];
+                    acc[0][i][0] += w * x0;
+                    acc[0][i][1] += w * x1;
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t r = r0 + tx + 16 * i;
+        if (r >= M0.rows)
+            continue;
+        const float bias = !a.dual && M0.bias ? M0.bias[r] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int t = ty + 16 * j;
+            if (t >= it.n)
+                continue;
+            const int64_t orow = a.out_list ? a.out_list[it.off + t] : it.off + t;
+            a.Y[orow * a.ldy + r] = a.dual ? glu(a.act, acc[0][i][j], acc[1][i][j]) : acc[0][i][j] + bias;
+        }
+    }
+}
+
+int mxc_tile_run(cudaStream_t st, const mxc_tile *t)
+{
+    const int ny = t->items ? t->n_items : (t->plain.n + MXC_TILE_T - 1) / MXC_TILE_T;
+    if (ny <= 0)
+        return 0;
+    dim3 grid((unsigned)((t->max_rows + MXC_TILE_R - 1) / MXC_TILE_R), (unsigned)ny);
+    k_tile<<<grid, 256, 0, st>>>(*t);
+    return launched();
+}
+
+/* ---- embedding, norms, small elementwise steps ------------------------------- */
+
+__global__ void k_embed(mxc_mat E, const int32_t *tokens, float scale, float *x)
+{
+    const int t = blockIdx.x;
+    const int64_t r = tokens[t], d = E.cols;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        float v;
+        if (E.bits == 0) {
+            v = ldf(E.w, E.dt, r * d + i);
+        } else {
+            const uint32_t *row = (const uint32_t *)E.w + r * (d * E.bits / 32);
+            const int64_t bit = i * E.bits;
+            const int sh = (int)(bit & 31);
+            uint32_t q = row[bit >> 5] >> sh;
+            if (sh + E.bits > 32)
+                q |= row[(bit >> 5) + 1] << (32 - sh);
+            q &= (1u << E.bits) - 1u;
+            const int64_t gi = r * (d / E.gs) + i / E.gs;
+            v = ldf(E.s, E.dt, gi) * (float)q + ldf(E.b, E.dt, gi);
+        }
+        x[t * d + i] = scale != 1.0f ? v * scale : v;
+    }
+}
+
+int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x)
+{
+    k_embed<<<T, 256, 0, st>>>(*E, tokens, scale, x);
+    return launched();
+}
+
+__global__ void k_addnorm(float *x, const float *delta, const float *w, const float *b, int d,
+                          float eps, float *xn)
+{
+    const int t = blockIdx.x;
+    float *xr = x + (int64_t)t * d;
+    const float *dr = delta ? delta + (int64_t)t * d : nullptr;
+    float *out = xn + (int64_t)t * d;
+    double ss = 0.0, sum = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = xr[i];
+        if (dr) {
+            v += dr[i];
+            xr[i] = v;
+        }
+        ss += (double)v * v;
+        sum += v;
+    }
+    if (!b) {
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf((float)(ss / (double)d) + eps);
+        for (int i = threadIdx.x; i < d; i += blockDim.x)
+            out[i] = w[i] * (xr[i] * r);
+        return;
+    }
+    sum = block_sum(sum);
+    const float mean = (float)(sum / (double)d);
+    double var = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+    var = block_sum(var);
+    const float r = 1.0f / sqrtf((float)(var / (double)d) + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        out[i] = w[i] * ((xr[i] - mean) * r) + b[i];
+}
+
+int mxc_addnorm(cudaStream_t st, float *x, const float *delta, const float *w, const float *b, int T,
+                int d, float eps, float *xn)
+{
+    k_addnorm<<<T, d >= 2048 ? 512 : 256, 0, st>>>(x, delta, w, b, d, eps, xn);
+    return launched();
+}
+
+__global__ void k_add(float *x, const float *d, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += d[i];
+}
+
+int mxc_add(cudaStream_t st, float *x, const float *d, int64_t n)
+{
+    k_add<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(x, d, n);
+    return launched();
+}
+
+__global__ void k_softcap(float *x, int64_t n, float cap)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = tanhf(x[i] / cap) * cap;
+}
+
+int mxc_softcap(cudaStream_t st, float *logits, int64_t n, float cap)
+{
+    k_softcap<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(logits, n, cap);
+    return launched();
+}
+
+/* ---- q/k/v heads: clip, norm, rope, into the cache ---------------------------- */
+
+__global__ void k_qkv(mxc_qkv p)
+{
+    extern __shared__ float hv[];   /* [hd] the head */
+    const int t = blockIdx.x, h = blockIdx.y, hd = p.hd;
+    const int isq = h < p.nh, g = isq ? h : h - p.nh;
+    const int64_t kvd = (int64_t)p.nkv * hd;
+    const float *row = isq ? p.q + t * p.q_rows : p.k + t * kvd;
+    const float *src = row + (int64_t)g * hd;
+    const float c = p.clip;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const float v = src[i];
+        hv[i] = c > 0 ? fminf(fmaxf(v, -c), c) : v;
+    }
+    const float *nw = isq ? p.q_norm : p.k_norm;
+    if (p.qk_norm == 1) {
+        double ss = 0.0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            ss += (double)hv[i] * hv[i];
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf((float)(ss / (double)hd) + p.eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            hv[i] = nw[i] * (hv[i] * r);
+    } else if (p.qk_norm == 2) {
+        const int64_t width = isq ? (int64_t)p.nh * hd : kvd;
+        double ss = 0.0;
+        for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+            const float v = c > 0 ? fminf(fmaxf(row[i], -c), c) : row[i];
+            ss += (double)v * v;
+        }
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf((float)(ss / (double)width) + p.eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            hv[i] = nw[(int64_t)g * hd + i] * (hv[i] * r);
+    }
+    __syncthreads();
+    const int pos = p.pos[t], last = p.pos[p.T - 1];
+    const int longf = p.inv_freq_long && last + 1 > p.orig_max;
+    const float *f = longf ? p.inv_freq_long : p.inv_freq;
+    const float sc = longf ? p.mscale_long : p.mscale;
+    const int half = p.rope_dims / 2;
+    float *dst = isq ? p.qr + ((int64_t)t * p.nh + g) * hd
+                     : p.kc + ((int64_t)g * p.n_ctx + pos) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = hv[i];
+        if (i < half) {
+            const float ang = (float)pos * f[i];
+            o = hv[i] * (cosf(ang) * sc) - hv[i + half] * (sinf(ang) * sc);
+        } else if (i < 2 * half) {
+            const float ang = (float)pos * f[i - half];
+            o = hv[i] * (cosf(ang) * sc) + hv[i - half] * (sinf(ang) * sc);
+        }
+        dst[i] = o;
+    }
+    if (isq)
+        return;
+    /* v: clipped, optionally normed without a weight */
+    const float *vs = p.v + t * kvd + (int64_t)g * hd;
+    float *vd = p.vc + ((int64_t)g * p.n_ctx + pos) * hd;
+    float r = 1.0f;
+    if (p.v_norm) {
+        double ss = 0.0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            const float v = c > 0 ? fminf(fmaxf(vs[i], -c), c) : vs[i];
+            ss += (double)v * v;
+        }
+        ss = block_sum(ss);
+        r = 1.0f / sqrtf((float)(ss / (double)hd) + p.eps);
+    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const float v = c > 0 ? fminf(fmaxf(vs[i], -c), c) : vs[i];
+        vd[i] = p.v_norm ? v * r : v;
+    }
+}
+
+int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
+{
+    dim3 grid((unsigned)p->T, (unsigned)(p->nh + p->nkv));
+    k_qkv<<<grid, 128, sizeof(float) * (size_t)p->hd, st>>>(*p);
+    return launched();
+}
+
+/* ---- attention: splits of 256 positions, then their combination ---------------- */
+
+__global__ void __launch_bounds__(256) k_attend(mxc_att a)
+{
+    __shared__ float qs[256];
+    __shared__ float sc[MXC_ATT_SPLIT];
+    __shared__ float red[256];
+    const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, hd = a.hd, tid = threadIdx.x;
+    const int pos = a.pos[t];
+    const int start = a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    const int lo = max(sp * MXC_ATT_SPLIT, start), hi = min(pos, sp * MXC_ATT_SPLIT + MXC_ATT_SPLIT - 1);
+    float *part = a.part + (((int64_t)t * a.nh + h) * a.n_split + sp) * (hd + 2);
+    if (lo > hi) {
+        for (int i = tid; i < hd; i += blockDim.x)
+            part[i] = 0.0f;
+        if (tid == 0)
+            part[hd] = -INFINITY, part[hd + 1] = 0.0f;
+        return;
+    }
+    const int kvh = h / (a.nh / a.nkv), n = hi - lo + 1;
+    for (int i = tid; i < hd; i += blockDim.x)
+        qs[i] = a.qr[((int64_t)t * a.nh + h) * hd + i];
+    __syncthreads();
+    const float *K = a.kc + (int64_t)kvh * a.n_ctx * hd, *V = a.vc + (int64_t)kvh * a.n_ctx * hd;
+    float s = -INFINITY;
+    if (tid < n) {
+        const float4 *kj = (const float4 *)(K + (int64_t)(lo + tid) * hd);
+        float d = 0.0f;
+        for (int i = 0; i < hd / 4; i++) {
+            const float4 k4 = kj[i];
+            d += qs[4 * i] * k4.x + qs[4 * i + 1] * k4.y + qs[4 * i + 2] * k4.z + qs[4 * i + 3] * k4.w;
+        }
+        s = d * a.scale;
+    }
+    const float m = block_maxf(s);
+    const float p = tid < n ? expf(s - m) : 0.0f;
+    if (tid < MXC_ATT_SPLIT)
+        sc[tid] = p;
+    const float l = (float)block_sum((double)p);
+    /* o: thread = (dimension, part of the positions) */
+    const int parts = 256 / hd, dim = tid % hd, prt = tid / hd;
+    float o = 0.0f;
+    if (prt < parts)
+        for (int j = prt; j < n; j += parts)
+            o += sc[j] * V[(int64_t)(lo + j) * hd + dim];
+    if (prt < parts)
+        red[tid] = o;
+    __syncthreads();
+    if (tid < hd) {
+        float acc = 0.0f;
+        for (int q = 0; q < parts; q++)
+            acc += red[q * hd + tid];
+        part[tid] = acc;
+    }
+    if (tid == 0)
+        part[hd] = m, part[hd + 1] = l;
+}
+
+__global__ void k_att_combine(mxc_att a)
+{
+    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd;
+    const float *base = a.part + ((int64_t)t * a.nh + h) * a.n_split * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < a.n_split; s++)
+        M = fmaxf(M, base[s * (hd + 2) + hd]);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float L = 0.0f, o = 0.0f;
+        for (int s = 0; s < a.n_split; s++) {
+            const float *ps = base + s * (hd + 2);
+            if (ps[hd] == -INFINITY)
+                continue;
+            const float f = expf(ps[hd] - M);
+            L += ps[hd + 1] * f;
+            o += ps[i] * f;
+        }
+        a.out[((int64_t)t * a.nh + h) * hd + i] = o / L;
+    }
+}
+
+int mxc_attend(cudaStream_t st, const mxc_att *a)
+{
+    dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)a->n_split);
+    k_attend<<<grid, 256, 0, st>>>(*a);
+    const int rc = launched();
+    if (rc)
+        return rc;
+    dim3 g2((unsigned)a->nh, (unsigned)a->T);
+    k_att_combine<<<g2, a->hd < 128 ? 128 : 256, 0, st>>>(*a);
+    return launched();
+}
+
+/* ---- routing ----------------------------------------------------------------------- */
+
+/* One warp per token: softmax, then k rounds of argmax (ties to the lower
+ * index, as torch.topk), as moe/router.c computes it. */
+__global__ void k_route(mxc_route r)
+{
+    __shared__ float p[4096];
+    __shared__ unsigned char taken[4096];
+    const int t = blockIdx.x, lane = threadIdx.x, E = r.E, K = r.k + r.n_extra;
+    const float *lg = r.logits + (int64_t)t * E;
+    float mx = -INFINITY;
+    for (int i = lane; i < E; i += 32)
+        mx = fmaxf(mx, lg[i]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int i = lane; i < E; i += 32) {
+        p[i] = expf(lg[i] - mx);
+        taken[i] = 0;
+        sum += p[i];
+    }
+    sum = warp_sum(sum);
+    __syncwarp();
+    int *P = r.P + (int64_t)t * K;
+    float *W = r.W + (int64_t)t * K;
+    float wsum = 0.0f;
+    for (int j = 0; j < r.k; j++) {
+        int best = -1;
+        float bv = -INFINITY;
+        for (int i = lane; i < E; i += 32)
+            if (!taken[i] && (best < 0 || p[i] > bv))
+                best = i, bv = p[i];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best, o);
+            if (oi >= 0 && (best < 0 || ov > bv || (ov == bv && oi < best)))
+                best = oi, bv = ov;
+        }
+        if (lane == 0) {
+            taken[best] = 1;
+            P[j] = best;
+            W[j] = p[best] / sum;
+        }
+        wsum += p[best] / sum;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        for (int j = 0; j < r.k; j++) {
+            if (r.norm_topk)
+                W[j] /= wsum;
+            if (r.expert_scale)
+                W[j] *= r.expert_scale[P[j]];
+        }
+        for (int m = 0; m < r.n_extra; m++) {
+            P[r.k + m] = E + m;
+            W[r.k + m] = m == 0 && r.glog ? 1.0f / (1.0f + expf(-r.glog[t])) : 1.0f;
+        }
+    }
+}
+
+int mxc_route_softmax(cudaStream_t st, const mxc_route *r)
+{
+    k_route<<<r->T, 32, 0, st>>>(*r);
+    return launched();
+}
+
+/* ---- the fused decode-MoE kernels -------------------------------------------------- */
+
+__global__ void __launch_bounds__(THREADS) k_moe1(mxc_moe1 p)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t gr = p.off[p.lo] + (int64_t)blockIdx.x * WARPS + warp;
+    if (gr >= p.off[p.hi])
+        return;
+    int j = p.lo;
+    while (gr >= p.off[j + 1])
+        j++;
+    const mxc_mat *e = p.table + 3 * p.P[j];
+    const mxc_mat g = e[0], u = e[1];
+    const int64_t r = gr - p.off[j];
+    float ag = 0.0f, au = 0.0f;
+    dual_dot(g, u, r, p.x, &ag, &au, lane);
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0)
+        p.h[gr] = glu(p.act, ag, au);
+}
+
+__global__ void __launch_bounds__(THREADS) k_moe2(mxc_moe1 p)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * WARPS + warp;
+    if (r >= p.d)
+        return;
+    float tot = 0.0f;
+    for (int j = p.lo; j < p.hi; j++) {
+        const mxc_mat dn = p.table[3 * p.P[j] + 2];
+        float acc = 0.0f;
+        row_dot<1>(dn, r, p.h + p.off[j], 0, 1, &acc, lane);
+        tot += p.W[j] * warp_sum(acc);
+    }
+    if (lane == 0)
+        p.out[r] = p.accumulate ? p.out[r] + tot : tot;
+}
+
+int mxc_moe_phase1(cudaStream_t st, const mxc_moe1 *p)
+{
+    const int64_t rows = p->off[p->hi] - p->off[p->lo];
+    k_moe1<<<(unsigned)((rows + WARPS - 1) / WARPS), THREADS, 0, st>>>(*p);
+    return launched();
+}
+
+int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p)
+{
+    k_moe2<<<(unsigned)((p->d + WARPS - 1) / WARPS), THREADS, 0, st>>>(*p);
+    return launched();
+}
+
+__global__ void k_combine(const float *Y, const float *W, int K, int64_t d, float *out)
+{
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d)
+        return;
+    float s = 0.0f;
+    for (int j = 0; j < K; j++)
+        s += W[(int64_t)t * K + j] * Y[((int64_t)t * K + j) * d + i];
+    out[(int64_t)t * d + i] = s;
+}
+
+int mxc_combine(cudaStream_t st, const float *Y, const float *W, int T, int K, int64_t d, float *out)
+{
+    dim3 grid((unsigned)((d + 255) / 256), (unsigned)T);
+    k_combine<<<grid, 256, 0, st>>>(Y, W, K, d, out);
+    return launched();
+}
+
+/* ---- bandwidth probe ------------------------------------------------------------------ */
+
+double mxc_copy_bandwidth(size_t bytes, int reps)
+{
+    void *a = nullptr, *b = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    double res = -1.0;
+    std::vector<double> v;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    cudaMemset(a, 1, bytes);
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);   /* warm-up */
+    for (int i = 0; i < reps; i++) {
+        float ms = 0.0f;
+        cudaEventRecord(e0);
+        cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            goto out;
+        v.push_back(2.0 * (double)bytes / (ms * 1e-3) / 1e9);
+    }
+    std::sort(v.begin(), v.end());
+    res = v.empty() ? -1.0 : v[v.size() / 2];
+out:
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    cudaGetLastError();
+    return res;
+}
