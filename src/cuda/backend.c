@@ -556,7 +556,7 @@ static cu_seq *seq_state(cu_ctx *c, mx_seq *s, mx_err *e)
         hd_max = a->head_dim > hd_max ? a->head_dim : hd_max;
     }
     q->n_ctx = s->n_ctx;
-    q->n_split = (s->n_ctx + MXC_ATT_SPLIT - 1) / MXC_ATT_SPLIT;
+    q->n_split = (s->n_ctx + MXC_ATT_SPAN_DECODE - 1) / MXC_ATT_SPAN_DECODE;
     cudaError_t ce = dalloc(&q->k, n * sizeof(float));
     if (ce == cudaSuccess)
         ce = dalloc(&q->v, n * sizeof(float));
@@ -636,9 +636,11 @@ static int attention(call *k, int l, mx_err *e)
                   .scale = a->scale, .out = b->att};
     if (T == 1) {   /* the sequence's partials cover its whole context (graphs replay at any position) */
         at.part = k->q->part;
-        at.n_split = k->graph ? k->q->n_split : (k->last_pos + MXC_ATT_SPLIT) / MXC_ATT_SPLIT;
+        at.span = MXC_ATT_SPAN_DECODE;
+        at.n_split = k->graph ? k->q->n_split : (k->last_pos + at.span) / at.span;
     } else {
-        at.n_split = (k->last_pos + MXC_ATT_SPLIT) / MXC_ATT_SPLIT;
+        at.span = MXC_ATT_SPAN_PROMPT;
+        at.n_split = (k->last_pos + at.span) / at.span;
         int rc = part_reserve(b, (size_t)T * (size_t)a->n_heads * (size_t)at.n_split * (size_t)(a->head_dim + 2), e);
         if (rc)
             return rc;

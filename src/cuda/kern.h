@@ -37,8 +37,11 @@ typedef struct mxc_mat {
 #define MXC_MV_MAXT 8
 /* Slots of one token's expert sum: routed experts plus extra MLPs. */
 #define MXC_MAX_SLOTS 66
-/* Positions of the KV cache one attention block covers. */
-#define MXC_ATT_SPLIT 256
+/* Positions of the KV cache one attention block covers: one-token steps
+ * (more blocks for a short step), prompts (fewer partials for many
+ * tokens). */
+#define MXC_ATT_SPAN_DECODE 64
+#define MXC_ATT_SPAN_PROMPT 256
 /* Tokens and rows of one tile of the prefill kernel. */
 #define MXC_TILE_T 32
 #define MXC_TILE_R 64
@@ -109,8 +112,8 @@ typedef struct mxc_qkv {
 int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p);
 
 /* Attention of T tokens over the cache: out [T][nh * hd].  part holds
- * T * nh * n_split * (hd + 2) floats, n_split = ceil(n_ctx_span / MXC_ATT_SPLIT)
- * for the furthest position the call can reach. */
+ * T * nh * n_split * (hd + 2) floats, n_split = ceil(positions / span)
+ * for the furthest position the call can reach (span <= 256). */
 typedef struct mxc_att {
     const float *qr;
     const float *kc, *vc;
@@ -119,7 +122,7 @@ typedef struct mxc_att {
     int T, nh, nkv, hd, window;
     float scale;
     float *part;
-    int n_split;
+    int n_split, span;
     float *out;
 } mxc_att;
 int mxc_attend(cudaStream_t st, const mxc_att *a);

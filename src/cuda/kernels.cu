@@ -197,36 +197,225 @@ __device__ __forceinline__ void row_dot(const mxc_mat &m, int64_t r, const float
     }
 }
 
-/* Gate and up rows r of one expert against one x, their chunks
- * interleaved so both rows' loads are in flight together. */
-template <int BITS>
-__device__ __forceinline__ void dual_dot_b(const mxc_mat &g, const mxc_mat &u, int64_t r,
-                                           const float *x, float *ag, float *au, int lane)
+/* ---- one token, several rows per warp -------------------------------------------------
+ *
+ * A warp takes R consecutive rows: for each of its chunks it loads the 32
+ * x values and their sum once and the R rows' words (all loads issued
+ * before the arithmetic), so the x traffic and the sum are shared by R
+ * rows and R loads are in flight per lane.  Integers become floats
+ * without the (quarter-rate) converter: v < 2^23 in the mantissa of 2^23
+ * is the float 2^23 + v exactly; for 2, 4 and 8 bits one byte permute
+ * puts a value under that exponent. */
+
+__device__ __forceinline__ float mag(uint32_t v) { return __int_as_float(0x4B000000u | v) - 8388608.0f; }
+
+__device__ __forceinline__ float magb(uint32_t bytes, int b)
 {
-    const int64_t nch = g.cols >> 5;
+    return __int_as_float(__byte_perm(bytes, 0x4B000000u, 0x7440 + b)) - 8388608.0f;
+}
+
+/* sum_i q_i x_i over one chunk of BITS words. */
+template <int BITS>
+__device__ __forceinline__ float dot32(const uint32_t *w, const float *x)
+{
+    float s0 = 0.0f, s1 = 0.0f;
+    if constexpr (BITS == 4) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                s0 += magb(lo, b) * x[8 * k + 2 * b];
+                s1 += magb(hi, b) * x[8 * k + 2 * b + 1];
+            }
+        }
+    } else if constexpr (BITS == 8) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            s0 += magb(w[k], 0) * x[4 * k] + magb(w[k], 2) * x[4 * k + 2];
+            s1 += magb(w[k], 1) * x[4 * k + 1] + magb(w[k], 3) * x[4 * k + 3];
+        }
+    } else if constexpr (BITS == 2) {
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int sh = 0; sh < 8; sh += 2) {
+                const uint32_t v = (w[k] >> sh) & 0x03030303u;
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    (b & 1 ? s1 : s0) += magb(v, b) * x[16 * k + 4 * b + sh / 2];
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int bit = i * BITS, wi = bit >> 5, sh = bit & 31;
+            uint32_t v = w[wi] >> sh;
+            if (sh + BITS > 32)
+                v |= w[wi + 1] << (32 - sh);
+            (i & 1 ? s1 : s0) += mag(v & ((1u << BITS) - 1u)) * x[i];
+        }
+    }
+    return s0 + s1;
+}
+
+/* acc[i] += this lane's share of row r0 + i . x, i < R (rows past the end
+ * of the matrix are computed on its last row and not used). */
+template <int BITS, int R>
+__device__ __forceinline__ void rows_dot_b(const mxc_mat &m, int64_t r0, const float *x, float *acc,
+                                           int lane)
+{
+    const int64_t nch = m.cols >> 5, gpr = m.cols / (m.gs > 0 ? m.gs : 32);
+#pragma unroll 2
     for (int64_t c = lane; c < nch; c += 32) {
-        chunk_dot<BITS, 1>(g, r, c, x, 0, 1, ag);
-        chunk_dot<BITS, 1>(u, r, c, x, 0, 1, au);
+        uint32_t w[R][BITS > 0 ? BITS : 1];
+        float sc[R], bi[R];
+        if constexpr (BITS > 0) {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int64_t r = min(r0 + i, m.rows - 1);
+                load_words<BITS>((const uint32_t *)m.w + r * (m.cols * BITS / 32) + c * BITS, w[i]);
+                const int64_t gi = r * gpr + (c * 32) / m.gs;
+                sc[i] = ldf(m.s, m.dt, gi);
+                bi[i] = ldf(m.b, m.dt, gi);
+            }
+        }
+        float xv[32];
+        const float4 *xp = (const float4 *)(x + c * 32);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = xp[i];
+            xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        }
+        if constexpr (BITS > 0) {
+            float sx = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                sx += xv[i];
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                acc[i] += sc[i] * dot32<BITS>(w[i], xv) + bi[i] * sx;
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int64_t base = min(r0 + i, m.rows - 1) * m.cols + c * 32;
+                float d = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 32; k++)
+                    d += ldf(m.w, m.dt, base + k) * xv[k];
+                acc[i] += d;
+            }
+        }
     }
 }
 
-__device__ __forceinline__ void dual_dot(const mxc_mat &g, const mxc_mat &u, int64_t r,
-                                         const float *x, float *ag, float *au, int lane)
+template <int R>
+__device__ __forceinline__ void rows_dot(const mxc_mat &m, int64_t r0, const float *x, float *acc, int lane)
 {
-    if (g.bits != u.bits) {
-        row_dot<1>(g, r, x, 0, 1, ag, lane);
-        row_dot<1>(u, r, x, 0, 1, au, lane);
+    switch (m.bits) {
+    case 2: rows_dot_b<2, R>(m, r0, x, acc, lane); break;
+    case 3: rows_dot_b<3, R>(m, r0, x, acc, lane); break;
+    case 4: rows_dot_b<4, R>(m, r0, x, acc, lane); break;
+    case 5: rows_dot_b<5, R>(m, r0, x, acc, lane); break;
+    case 6: rows_dot_b<6, R>(m, r0, x, acc, lane); break;
+    case 8: rows_dot_b<8, R>(m, r0, x, acc, lane); break;
+    default: rows_dot_b<0, R>(m, r0, x, acc, lane); break;
+    }
+}
+
+/* Rows r0, r0 + 1 of gate and of up against one x: four rows in flight. */
+template <int BITS>
+__device__ __forceinline__ void dual_rows_b(const mxc_mat &g, const mxc_mat &u, int64_t r0, const float *x,
+                                            float *ag, float *au, int lane)
+{
+    const int64_t nch = g.cols >> 5, gpr = g.cols / g.gs;
+#pragma unroll 2
+    for (int64_t c = lane; c < nch; c += 32) {
+        uint32_t w[4][BITS];
+        float sc[4], bi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const mxc_mat &m = i < 2 ? g : u;
+            const int64_t r = min(r0 + (i & 1), m.rows - 1);
+            load_words<BITS>((const uint32_t *)m.w + r * (m.cols * BITS / 32) + c * BITS, w[i]);
+            const int64_t gi = r * gpr + (c * 32) / m.gs;
+            sc[i] = ldf(m.s, m.dt, gi);
+            bi[i] = ldf(m.b, m.dt, gi);
+        }
+        float xv[32];
+        const float4 *xp = (const float4 *)(x + c * 32);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = xp[i];
+            xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        }
+        float sx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            sx += xv[i];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float v = sc[i] * dot32<BITS>(w[i], xv) + bi[i] * sx;
+            if (i < 2)
+                ag[i] += v;
+            else
+                au[i - 2] += v;
+        }
+    }
+}
+
+__device__ __forceinline__ void dual_rows(const mxc_mat &g, const mxc_mat &u, int64_t r0, const float *x,
+                                          float *ag, float *au, int lane)
+{
+    if (g.bits != u.bits || g.gs != u.gs || g.bits == 0) {
+        rows_dot<2>(g, r0, x, ag, lane);
+        rows_dot<2>(u, r0, x, au, lane);
         return;
     }
     switch (g.bits) {
-    case 2: dual_dot_b<2>(g, u, r, x, ag, au, lane); break;
-    case 3: dual_dot_b<3>(g, u, r, x, ag, au, lane); break;
-    case 4: dual_dot_b<4>(g, u, r, x, ag, au, lane); break;
-    case 5: dual_dot_b<5>(g, u, r, x, ag, au, lane); break;
-    case 6: dual_dot_b<6>(g, u, r, x, ag, au, lane); break;
-    case 8: dual_dot_b<8>(g, u, r, x, ag, au, lane); break;
-    default: dual_dot_b<0>(g, u, r, x, ag, au, lane); break;
+    case 2: dual_rows_b<2>(g, u, r0, x, ag, au, lane); break;
+    case 3: dual_rows_b<3>(g, u, r0, x, ag, au, lane); break;
+    case 4: dual_rows_b<4>(g, u, r0, x, ag, au, lane); break;
+    case 5: dual_rows_b<5>(g, u, r0, x, ag, au, lane); break;
+    case 6: dual_rows_b<6>(g, u, r0, x, ag, au, lane); break;
+    default: dual_rows_b<8>(g, u, r0, x, ag, au, lane); break;
     }
+}
+
+/* One token: warp w of the launch takes R consecutive rows of the matrix
+ * its group index falls in (R = 4 for the big matrices, fewer for small
+ * ones so that every SM still gets warps). */
+template <int R>
+__global__ void __launch_bounds__(THREADS) k_matvec1(mxc_mv mv, const float *x, int64_t groups)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t gid = (int64_t)blockIdx.x * WARPS + warp;
+    if (gid >= groups)
+        return;
+    int i = 0;
+    while (i < mv.n - 1 && gid >= (mv.m[i].rows + R - 1) / R)
+        gid -= (mv.m[i++].rows + R - 1) / R;
+    const mxc_mat m = mv.m[i];
+    const int64_t r0 = gid * R;
+    float acc[R];
+#pragma unroll
+    for (int k = 0; k < R; k++)
+        acc[k] = 0.0f;
+    rows_dot<R>(m, r0, x, acc, lane);
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const float v = warp_sum(acc[k]);
+        if (lane == 0 && r0 + k < m.rows)
+            mv.y[i][r0 + k] = v + (m.bias ? m.bias[r0 + k] : 0.0f);
+    }
+}
+
+template <int R>
+static void launch_matvec1(cudaStream_t st, const mxc_mv *mv, const float *X)
+{
+    int64_t groups = 0;
+    for (int i = 0; i < mv->n; i++)
+        groups += (mv->m[i].rows + R - 1) / R;
+    k_matvec1<R><<<(unsigned)((groups + WARPS - 1) / WARPS), THREADS, 0, st>>>(*mv, X, groups);
 }
 
 /* ---- matvec: T <= 8 tokens, up to 4 matrices in one launch ------------------ */
@@ -265,10 +454,16 @@ int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, i
     for (int i = 0; i < mv->n; i++)
         total += mv->m[i].rows;
     const unsigned blocks = (unsigned)((total + WARPS - 1) / WARPS);
-    if (T == 1)
-        k_matvec<1><<<blocks, THREADS, 0, st>>>(*mv, X, ldx, T, total);
-    else
+    if (T == 1) {
+        if (total >= 16384)
+            launch_matvec1<4>(st, mv, X);
+        else if (total >= 4096)
+            launch_matvec1<2>(st, mv, X);
+        else
+            launch_matvec1<1>(st, mv, X);
+    } else {
         k_matvec<MXC_MV_MAXT><<<blocks, THREADS, 0, st>>>(*mv, X, ldx, T, total);
+    }
     return launched();
 }
 
@@ -440,15 +635,68 @@ int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, f
     return launched();
 }
 
-__global__ void k_addnorm(float *x, const float *delta, const float *w, const float *b, int d,
-                          float eps, float *xn)
+/* One block per token.  Up to 8 values per thread stay in registers (every
+ * load, the weights' too, issued before the first reduction), so a norm
+ * costs one trip to memory; wider rows loop. */
+#define NORM_V 8
+__global__ void __launch_bounds__(512) k_addnorm(float *x, const float *delta, const float *w, const float *b,
+                                                 int d, float eps, float *xn)
 {
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, nt = blockDim.x;
     float *xr = x + (int64_t)t * d;
     const float *dr = delta ? delta + (int64_t)t * d : nullptr;
     float *out = xn + (int64_t)t * d;
+    if (d <= NORM_V * nt) {
+        float v[NORM_V], wv[NORM_V], bv[NORM_V];
+        double ss = 0.0, sum = 0.0;
+#pragma unroll
+        for (int k = 0; k < NORM_V; k++) {
+            const int i = threadIdx.x + k * nt;
+            v[k] = wv[k] = bv[k] = 0.0f;
+            if (i < d) {
+                v[k] = xr[i] + (dr ? dr[i] : 0.0f);
+                wv[k] = w[i];
+                bv[k] = b ? b[i] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_V; k++) {
+            const int i = threadIdx.x + k * nt;
+            if (i < d) {
+                if (dr)
+                    xr[i] = v[k];
+                ss += (double)v[k] * v[k];
+                sum += v[k];
+            }
+        }
+        if (!b) {
+            ss = block_sum(ss);
+            const float r = 1.0f / sqrtf((float)(ss / (double)d) + eps);
+#pragma unroll
+            for (int k = 0; k < NORM_V; k++) {
+                const int i = threadIdx.x + k * nt;
+                if (i < d)
+                    out[i] = wv[k] * (v[k] * r);
+            }
+            return;
+        }
+        const float mean = (float)(block_sum(sum) / (double)d);
+        double var = 0.0;
+#pragma unroll
+        for (int k = 0; k < NORM_V; k++)
+            if (threadIdx.x + k * nt < d)
+                var += ((double)v[k] - mean) * ((double)v[k] - mean);
+        const float r = 1.0f / sqrtf((float)(block_sum(var) / (double)d) + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_V; k++) {
+            const int i = threadIdx.x + k * nt;
+            if (i < d)
+                out[i] = wv[k] * ((v[k] - mean) * r) + bv[k];
+        }
+        return;
+    }
     double ss = 0.0, sum = 0.0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    for (int i = threadIdx.x; i < d; i += nt) {
         float v = xr[i];
         if (dr) {
             v += dr[i];
@@ -460,25 +708,25 @@ __global__ void k_addnorm(float *x, const float *delta, const float *w, const fl
     if (!b) {
         ss = block_sum(ss);
         const float r = 1.0f / sqrtf((float)(ss / (double)d) + eps);
-        for (int i = threadIdx.x; i < d; i += blockDim.x)
+        for (int i = threadIdx.x; i < d; i += nt)
             out[i] = w[i] * (xr[i] * r);
         return;
     }
     sum = block_sum(sum);
     const float mean = (float)(sum / (double)d);
     double var = 0.0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
+    for (int i = threadIdx.x; i < d; i += nt)
         var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
     var = block_sum(var);
     const float r = 1.0f / sqrtf((float)(var / (double)d) + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x)
+    for (int i = threadIdx.x; i < d; i += nt)
         out[i] = w[i] * ((xr[i] - mean) * r) + b[i];
 }
 
 int mxc_addnorm(cudaStream_t st, float *x, const float *delta, const float *w, const float *b, int T,
                 int d, float eps, float *xn)
 {
-    k_addnorm<<<T, d >= 2048 ? 512 : 256, 0, st>>>(x, delta, w, b, d, eps, xn);
+    k_addnorm<<<T, d > 2048 ? 512 : d > 1024 ? 256 : 128, 0, st>>>(x, delta, w, b, d, eps, xn);
     return launched();
 }
 
@@ -591,17 +839,24 @@ int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
     return launched();
 }
 
-/* ---- attention: splits of 256 positions, then their combination ---------------- */
+/* ---- attention: splits of the positions, then their combination ------------------- */
 
+/* One (head, token, split): the scores of up to `span` positions (8
+ * threads per position, each on a strided quarter of the float4s of the
+ * head, so a warp reads 4 whole key rows at once), their softmax
+ * numerators, then the weighted sum of the value rows (each thread one
+ * float4 of the head over a share of the positions, loads unrolled).
+ * The split's max, sum and unnormalised output go to part. */
 __global__ void __launch_bounds__(256) k_attend(mxc_att a)
 {
-    __shared__ float qs[256];
-    __shared__ float sc[MXC_ATT_SPLIT];
-    __shared__ float red[256];
+    __shared__ float4 qs[64];
+    __shared__ float sc[256];
+    __shared__ float red[1024];
     const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, hd = a.hd, tid = threadIdx.x;
+    const int span = a.span, h4 = hd / 4;
     const int pos = a.pos[t];
     const int start = a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    const int lo = max(sp * MXC_ATT_SPLIT, start), hi = min(pos, sp * MXC_ATT_SPLIT + MXC_ATT_SPLIT - 1);
+    const int lo = max(sp * span, start), hi = min(pos, sp * span + span - 1);
     float *part = a.part + (((int64_t)t * a.nh + h) * a.n_split + sp) * (hd + 2);
     if (lo > hi) {
         for (int i = tid; i < hd; i += blockDim.x)
@@ -611,39 +866,61 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         return;
     }
     const int kvh = h / (a.nh / a.nkv), n = hi - lo + 1;
-    for (int i = tid; i < hd; i += blockDim.x)
-        qs[i] = a.qr[((int64_t)t * a.nh + h) * hd + i];
+    const float4 *q4 = (const float4 *)(a.qr + ((int64_t)t * a.nh + h) * hd);
+    for (int i = tid; i < h4; i += blockDim.x)
+        qs[i] = q4[i];
     __syncthreads();
-    const float *K = a.kc + (int64_t)kvh * a.n_ctx * hd, *V = a.vc + (int64_t)kvh * a.n_ctx * hd;
-    float s = -INFINITY;
-    if (tid < n) {
-        const float4 *kj = (const float4 *)(K + (int64_t)(lo + tid) * hd);
+    const float4 *K = (const float4 *)(a.kc + (int64_t)kvh * a.n_ctx * hd);
+    const float4 *V = (const float4 *)(a.vc + (int64_t)kvh * a.n_ctx * hd);
+    const int g = tid & 7, pp = tid >> 3;
+    float mloc = -INFINITY;
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        const int j = j0 + pp;
         float d = 0.0f;
-        for (int i = 0; i < hd / 4; i++) {
-            const float4 k4 = kj[i];
-            d += qs[4 * i] * k4.x + qs[4 * i + 1] * k4.y + qs[4 * i + 2] * k4.z + qs[4 * i + 3] * k4.w;
+        if (j < n) {
+            const float4 *kj = K + (int64_t)(lo + j) * h4;
+#pragma unroll 4
+            for (int i = g; i < h4; i += 8) {
+                const float4 k4 = kj[i], qv = qs[i];
+                d += qv.x * k4.x + qv.y * k4.y + qv.z * k4.z + qv.w * k4.w;
+            }
         }
-        s = d * a.scale;
+        d += __shfl_xor_sync(0xffffffffu, d, 4);
+        d += __shfl_xor_sync(0xffffffffu, d, 2);
+        d += __shfl_xor_sync(0xffffffffu, d, 1);
+        if (j < n) {
+            d *= a.scale;
+            if (g == 0)
+                sc[j] = d;
+            mloc = fmaxf(mloc, d);
+        }
     }
-    const float m = block_maxf(s);
-    const float p = tid < n ? expf(s - m) : 0.0f;
-    if (tid < MXC_ATT_SPLIT)
-        sc[tid] = p;
-    const float l = (float)block_sum((double)p);
-    /* o: thread = (dimension, part of the positions) */
-    const int parts = 256 / hd, dim = tid % hd, prt = tid / hd;
-    float o = 0.0f;
-    if (prt < parts)
-        for (int j = prt; j < n; j += parts)
-            o += sc[j] * V[(int64_t)(lo + j) * hd + dim];
-    if (prt < parts)
-        red[tid] = o;
+    const float m = block_maxf(mloc);
+    float psum = 0.0f;
+    for (int j = tid; j < n; j += blockDim.x) {
+        const float e = expf(sc[j] - m);
+        sc[j] = e;
+        psum += e;
+    }
+    const float l = (float)block_sum((double)psum);   /* its barriers publish sc */
+    const int parts = 256 / h4, d4 = tid % h4, prt = tid / h4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (prt < parts) {
+#pragma unroll 4
+        for (int j = prt; j < n; j += parts) {
+            const float w = sc[j];
+            const float4 v = V[(int64_t)(lo + j) * h4 + d4];
+            o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
+        }
+        float *r = red + prt * hd + 4 * d4;
+        r[0] = o.x, r[1] = o.y, r[2] = o.z, r[3] = o.w;
+    }
     __syncthreads();
-    if (tid < hd) {
+    for (int i = tid; i < hd; i += blockDim.x) {
         float acc = 0.0f;
         for (int q = 0; q < parts; q++)
-            acc += red[q * hd + tid];
-        part[tid] = acc;
+            acc += red[q * hd + i];
+        part[i] = acc;
     }
     if (tid == 0)
         part[hd] = m, part[hd + 1] = l;
@@ -750,39 +1027,113 @@ int mxc_route_softmax(cudaStream_t st, const mxc_route *r)
 
 /* ---- the fused decode-MoE kernels -------------------------------------------------- */
 
+/* The matrices of slots [lo, hi) (gate, up, down of kind P[j]) copied to
+ * shared memory by the block's threads at once: one dependent load chain
+ * per block instead of one per warp and slot. */
+__device__ __forceinline__ void load_slots(const mxc_moe1 &p, mxc_mat *sm, int which0, int nwhich)
+{
+    const int ns = p.hi - p.lo;
+    for (int i = threadIdx.x; i < ns * nwhich; i += blockDim.x) {
+        const int j = p.lo + i / nwhich, w = which0 + i % nwhich;
+        sm[i] = p.table[3 * p.P[j] + w];
+    }
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(THREADS) k_moe1(mxc_moe1 p)
 {
+    __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
+    load_slots(p, sm, 0, 2);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t gr = p.off[p.lo] + (int64_t)blockIdx.x * WARPS + warp;
+    /* two h rows per warp (slot widths are multiples of 32: both rows in one slot) */
+    const int64_t gr = p.off[p.lo] + 2 * ((int64_t)blockIdx.x * WARPS + warp);
     if (gr >= p.off[p.hi])
         return;
     int j = p.lo;
     while (gr >= p.off[j + 1])
         j++;
-    const mxc_mat *e = p.table + 3 * p.P[j];
-    const mxc_mat g = e[0], u = e[1];
+    const mxc_mat g = sm[2 * (j - p.lo)], u = sm[2 * (j - p.lo) + 1];
     const int64_t r = gr - p.off[j];
-    float ag = 0.0f, au = 0.0f;
-    dual_dot(g, u, r, p.x, &ag, &au, lane);
-    ag = warp_sum(ag);
-    au = warp_sum(au);
-    if (lane == 0)
-        p.h[gr] = glu(p.act, ag, au);
+    float ag[2] = {0.0f, 0.0f}, au[2] = {0.0f, 0.0f};
+    dual_rows(g, u, r, p.x, ag, au, lane);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float a = warp_sum(ag[i]), b = warp_sum(au[i]);
+        if (lane == 0)
+            p.h[gr + i] = glu(p.act, a, b);
+    }
 }
 
-__global__ void __launch_bounds__(THREADS) k_moe2(mxc_moe1 p)
+/* One output row per warp, its lanes striding over the chunks of all
+ * slots at once (h is the slots' rows end to end, so chunk q of the
+ * concatenation is x = h + 32 q whatever slot it is in): every lane is
+ * busy whatever the slots' widths, and each lane keeps
+ * sum_j W[j] * (its chunks of down_j row . h_j); the warp reduces once. */
+template <int BITS>
+__device__ __forceinline__ float chunk_val(const mxc_mat &m, int64_t r, int64_t lc, const float *xc)
 {
+    float xv[32];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float4 v = ((const float4 *)xc)[i];
+        xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+    }
+    if constexpr (BITS == 0) {
+        float d = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 32; k++)
+            d += ldf(m.w, m.dt, r * m.cols + lc * 32 + k) * xv[k];
+        return d;
+    } else {
+        uint32_t w[BITS];
+        load_words<BITS>((const uint32_t *)m.w + r * (m.cols * BITS / 32) + lc * BITS, w);
+        const int64_t gi = r * (m.cols / m.gs) + (lc * 32) / m.gs;
+        float sx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            sx += xv[i];
+        return ldf(m.s, m.dt, gi) * dot32<BITS>(w, xv) + ldf(m.b, m.dt, gi) * sx;
+    }
+}
+
+__global__ void __launch_bounds__(128) k_moe2(mxc_moe1 p)
+{
+    __shared__ mxc_mat sm[MXC_MAX_SLOTS];
+    __shared__ int coff[MXC_MAX_SLOTS + 1];
+    __shared__ float wts[MXC_MAX_SLOTS];
+    for (int j = p.lo + threadIdx.x; j <= p.hi; j += blockDim.x) {
+        coff[j - p.lo] = p.off[j] / 32;
+        if (j < p.hi)
+            wts[j - p.lo] = p.W[j];
+    }
+    load_slots(p, sm, 2, 1);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * WARPS + warp;
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     if (r >= p.d)
         return;
+    const int ns = p.hi - p.lo, q0 = coff[0], q1 = coff[ns];
     float tot = 0.0f;
-    for (int j = p.lo; j < p.hi; j++) {
-        const mxc_mat dn = p.table[3 * p.P[j] + 2];
-        float acc = 0.0f;
-        row_dot<1>(dn, r, p.h + p.off[j], 0, 1, &acc, lane);
-        tot += p.W[j] * warp_sum(acc);
+    int j = 0;
+#pragma unroll 2
+    for (int q = q0 + lane; q < q1; q += 32) {
+        while (q >= coff[j + 1])
+            j++;
+        const mxc_mat &m = sm[j];
+        const int64_t lc = q - coff[j];
+        const float *xc = p.h + (int64_t)q * 32;
+        float v;
+        switch (m.bits) {
+        case 2: v = chunk_val<2>(m, r, lc, xc); break;
+        case 3: v = chunk_val<3>(m, r, lc, xc); break;
+        case 4: v = chunk_val<4>(m, r, lc, xc); break;
+        case 5: v = chunk_val<5>(m, r, lc, xc); break;
+        case 6: v = chunk_val<6>(m, r, lc, xc); break;
+        case 8: v = chunk_val<8>(m, r, lc, xc); break;
+        default: v = chunk_val<0>(m, r, lc, xc); break;
+        }
+        tot += wts[j] * v;
     }
+    tot = warp_sum(tot);
     if (lane == 0)
         p.out[r] = p.accumulate ? p.out[r] + tot : tot;
 }
@@ -790,13 +1141,13 @@ __global__ void __launch_bounds__(THREADS) k_moe2(mxc_moe1 p)
 int mxc_moe_phase1(cudaStream_t st, const mxc_moe1 *p)
 {
     const int64_t rows = p->off[p->hi] - p->off[p->lo];
-    k_moe1<<<(unsigned)((rows + WARPS - 1) / WARPS), THREADS, 0, st>>>(*p);
+    k_moe1<<<(unsigned)((rows / 2 + WARPS - 1) / WARPS), THREADS, 0, st>>>(*p);
     return launched();
 }
 
 int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p)
 {
-    k_moe2<<<(unsigned)((p->d + WARPS - 1) / WARPS), THREADS, 0, st>>>(*p);
+    k_moe2<<<(unsigned)((p->d + 3) / 4), 128, 0, st>>>(*p);
     return launched();
 }
 
