@@ -58,6 +58,7 @@ typedef struct cu_layer {
     int E, n_extra, k, Kp;                    /* routed kinds, extra kinds, routed slots, all slots */
     int64_t dff, extra_ff[MX_MOE_MAX_EXTRA], ff_max;
     int all_quant;                            /* every expert matrix quantized */
+    int gu_bits;                              /* the width of every gate/up matrix (same group size), or -1 */
     int gpu_route;                            /* softmax top-k on the GPU */
     const float *expert_scale;
 } cu_layer;
@@ -415,6 +416,15 @@ static int setup_layer(cu_ctx *c, int l, mx_err *e)
             c->graphable = 0;
     }
     cl->Kp = cl->k + cl->n_extra;
+    /* one bit width and group size for every gate and up matrix: the
+     * phase-1 kernel compiled for that width */
+    cl->gu_bits = c->mats[cl->table].bits;
+    for (int i = cl->table; i < c->n_mats && i < cl->table + 3 * (cl->E + cl->n_extra); i++)
+        if (i % 3 != (cl->table + 2) % 3 &&
+            (c->mats[i].bits != cl->gu_bits || c->mats[i].gs != c->mats[cl->table].gs))
+            cl->gu_bits = -1;
+    if (cl->gu_bits <= 0)
+        cl->gu_bits = -1;
     cl->ff_max = cl->dff;
     for (int x = 0; x < cl->n_extra; x++)
         cl->ff_max = cl->extra_ff[x] > cl->ff_max ? cl->extra_ff[x] : cl->ff_max;
@@ -711,6 +721,7 @@ static int moe_one(call *k, int l, const int *P, const float *W, int fused, mx_e
     mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P, .W = W, .lo = 0, .hi = cl->Kp, .x = b->xn,
                   .h = b->H, .out = b->ffn, .d = c->m->d, .act = c->m->act == MX_ACT_GELU_TANH};
     slot_offsets(cl, p.off);
+    p.bits = cl->gu_bits;
     if (fused) {
         KL(mxc_moe_phase1(c->st, &p));
         KL(mxc_moe_phase2(c->st, &p));

@@ -157,6 +157,7 @@ typedef struct mxc_moe1 {
     int64_t d;
     int act;
     int accumulate;              /* phase 2 adds to out instead of overwriting it */
+    int bits;                    /* every slot's gate and up have this width and group size (-1: mixed) */
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

@@ -214,48 +214,67 @@ __device__ __forceinline__ float magb(uint32_t bytes, int b)
     return __int_as_float(__byte_perm(bytes, 0x4B000000u, 0x7440 + b)) - 8388608.0f;
 }
 
-/* sum_i q_i x_i over one chunk of BITS words. */
-template <int BITS>
-__device__ __forceinline__ float dot32(const uint32_t *w, const float *x)
+/* sum_i q_i x_i over values [8Q, 8Q + 8) of a chunk of BITS words (x8
+ * holds those 8 x values): the chunk is taken a quarter at a time so that
+ * only 8 x values live in registers. */
+template <int BITS, int Q>
+__device__ __forceinline__ float dot8(const uint32_t *w, const float *x8)
 {
     float s0 = 0.0f, s1 = 0.0f;
     if constexpr (BITS == 4) {
+        const uint32_t lo = w[Q] & 0x0F0F0F0Fu, hi = (w[Q] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                s0 += magb(lo, b) * x[8 * k + 2 * b];
-                s1 += magb(hi, b) * x[8 * k + 2 * b + 1];
-            }
+        for (int b = 0; b < 4; b++) {
+            s0 += magb(lo, b) * x8[2 * b];
+            s1 += magb(hi, b) * x8[2 * b + 1];
         }
     } else if constexpr (BITS == 8) {
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            s0 += magb(w[k], 0) * x[4 * k] + magb(w[k], 2) * x[4 * k + 2];
-            s1 += magb(w[k], 1) * x[4 * k + 1] + magb(w[k], 3) * x[4 * k + 3];
+        for (int k = 0; k < 2; k++) {
+            s0 += magb(w[2 * Q + k], 0) * x8[4 * k] + magb(w[2 * Q + k], 2) * x8[4 * k + 2];
+            s1 += magb(w[2 * Q + k], 1) * x8[4 * k + 1] + magb(w[2 * Q + k], 3) * x8[4 * k + 3];
         }
     } else if constexpr (BITS == 2) {
 #pragma unroll
-        for (int k = 0; k < 2; k++)
+        for (int sh = 0; sh < 8; sh += 2) {
+            const uint32_t v = (w[Q >> 1] >> sh) & 0x03030303u;
 #pragma unroll
-            for (int sh = 0; sh < 8; sh += 2) {
-                const uint32_t v = (w[k] >> sh) & 0x03030303u;
-#pragma unroll
-                for (int b = 0; b < 4; b++)
-                    (b & 1 ? s1 : s0) += magb(v, b) * x[16 * k + 4 * b + sh / 2];
-            }
+            for (int b2 = 0; b2 < 2; b2++)
+                (b2 ? s1 : s0) += magb(v, 2 * (Q & 1) + b2) * x8[4 * b2 + sh / 2];
+        }
     } else {
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
+        for (int i = 8 * Q; i < 8 * Q + 8; i++) {
             const int bit = i * BITS, wi = bit >> 5, sh = bit & 31;
             uint32_t v = w[wi] >> sh;
             if (sh + BITS > 32)
                 v |= w[wi + 1] << (32 - sh);
-            (i & 1 ? s1 : s0) += mag(v & ((1u << BITS) - 1u)) * x[i];
+            (i & 1 ? s1 : s0) += mag(v & ((1u << BITS) - 1u)) * x8[i - 8 * Q];
         }
     }
     return s0 + s1;
+}
+
+/* The 8 x values of quarter Q of chunk c (and their sum added to sx). */
+template <int Q>
+__device__ __forceinline__ void load_x8(const float *x, int64_t c, float *x8, float &sx)
+{
+    const float4 a = ((const float4 *)(x + c * 32))[2 * Q], b = ((const float4 *)(x + c * 32))[2 * Q + 1];
+    x8[0] = a.x, x8[1] = a.y, x8[2] = a.z, x8[3] = a.w, x8[4] = b.x, x8[5] = b.y, x8[6] = b.z, x8[7] = b.w;
+    sx += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+}
+
+/* d[i] += row i's chunk . x for the R rows whose words are in w, and sx
+ * the sum of the chunk's x. */
+template <int BITS, int R>
+__device__ __forceinline__ void chunk_rows(const uint32_t (*w)[BITS], const float *x, int64_t c, float *d, float &sx)
+{
+    float x8[8];
+#define MXC_Q(Q)                                     \
+    load_x8<Q>(x, c, x8, sx);                       \
+    _Pragma("unroll") for (int i = 0; i < R; i++) d[i] += dot8<BITS, Q>(w[i], x8);
+    MXC_Q(0) MXC_Q(1) MXC_Q(2) MXC_Q(3)
+#undef MXC_Q
 }
 
 /* acc[i] += this lane's share of row r0 + i . x, i < R (rows past the end
@@ -279,29 +298,22 @@ __device__ __forceinline__ void rows_dot_b(const mxc_mat &m, int64_t r0, const f
                 bi[i] = ldf(m.b, m.dt, gi);
             }
         }
-        float xv[32];
-        const float4 *xp = (const float4 *)(x + c * 32);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 v = xp[i];
-            xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
-        }
         if constexpr (BITS > 0) {
-            float sx = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 32; i++)
-                sx += xv[i];
+            float d[R], sx = 0.0f;
 #pragma unroll
             for (int i = 0; i < R; i++)
-                acc[i] += sc[i] * dot32<BITS>(w[i], xv) + bi[i] * sx;
+                d[i] = 0.0f;
+            chunk_rows<BITS, R>(w, x, c, d, sx);
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                acc[i] += sc[i] * d[i] + bi[i] * sx;
         } else {
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const int64_t base = min(r0 + i, m.rows - 1) * m.cols + c * 32;
                 float d = 0.0f;
-#pragma unroll
                 for (int k = 0; k < 32; k++)
-                    d += ldf(m.w, m.dt, base + k) * xv[k];
+                    d += ldf(m.w, m.dt, base + k) * x[c * 32 + k];
                 acc[i] += d;
             }
         }
@@ -320,6 +332,18 @@ __device__ __forceinline__ void rows_dot(const mxc_mat &m, int64_t r0, const flo
     case 8: rows_dot_b<8, R>(m, r0, x, acc, lane); break;
     default: rows_dot_b<0, R>(m, r0, x, acc, lane); break;
     }
+}
+
+/* rows_dot for a bit width known at compile time (B >= 0), or read from
+ * the matrix (B < 0): a kernel instantiated for one width keeps only that
+ * width's registers. */
+template <int B, int R>
+__device__ __forceinline__ void rows_dot_sel(const mxc_mat &m, int64_t r0, const float *x, float *acc, int lane)
+{
+    if constexpr (B < 0)
+        rows_dot<R>(m, r0, x, acc, lane);
+    else
+        rows_dot_b<B, R>(m, r0, x, acc, lane);
 }
 
 /* Rows r0, r0 + 1 of gate and of up against one x: four rows in flight. */
@@ -341,20 +365,11 @@ __device__ __forceinline__ void dual_rows_b(const mxc_mat &g, const mxc_mat &u, 
             sc[i] = ldf(m.s, m.dt, gi);
             bi[i] = ldf(m.b, m.dt, gi);
         }
-        float xv[32];
-        const float4 *xp = (const float4 *)(x + c * 32);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 v = xp[i];
-            xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
-        }
-        float sx = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            sx += xv[i];
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx = 0.0f;
+        chunk_rows<BITS, 4>(w, x, c, d, sx);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float v = sc[i] * dot32<BITS>(w[i], xv) + bi[i] * sx;
+            const float v = sc[i] * d[i] + bi[i] * sx;
             if (i < 2)
                 ag[i] += v;
             else
@@ -384,8 +399,8 @@ __device__ __forceinline__ void dual_rows(const mxc_mat &g, const mxc_mat &u, in
 /* One token: warp w of the launch takes R consecutive rows of the matrix
  * its group index falls in (R = 4 for the big matrices, fewer for small
  * ones so that every SM still gets warps). */
-template <int R>
-__global__ void __launch_bounds__(THREADS) k_matvec1(mxc_mv mv, const float *x, int64_t groups)
+template <int R, int B>
+__global__ void __launch_bounds__(THREADS, 2) k_matvec1(mxc_mv mv, const float *x, int64_t groups)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t gid = (int64_t)blockIdx.x * WARPS + warp;
@@ -400,7 +415,7 @@ __global__ void __launch_bounds__(THREADS) k_matvec1(mxc_mv mv, const float *x, 
 #pragma unroll
     for (int k = 0; k < R; k++)
         acc[k] = 0.0f;
-    rows_dot<R>(m, r0, x, acc, lane);
+    rows_dot_sel<B, R>(m, r0, x, acc, lane);
 #pragma unroll
     for (int k = 0; k < R; k++) {
         const float v = warp_sum(acc[k]);
@@ -415,7 +430,16 @@ static void launch_matvec1(cudaStream_t st, const mxc_mv *mv, const float *X)
     int64_t groups = 0;
     for (int i = 0; i < mv->n; i++)
         groups += (mv->m[i].rows + R - 1) / R;
-    k_matvec1<R><<<(unsigned)((groups + WARPS - 1) / WARPS), THREADS, 0, st>>>(*mv, X, groups);
+    int bits = mv->m[0].bits;
+    for (int i = 1; i < mv->n; i++)
+        bits = mv->m[i].bits == bits ? bits : -1;
+    const unsigned nb = (unsigned)((groups + WARPS - 1) / WARPS);
+    if (bits == 4)
+        k_matvec1<R, 4><<<nb, THREADS, 0, st>>>(*mv, X, groups);
+    else if (bits == 8)
+        k_matvec1<R, 8><<<nb, THREADS, 0, st>>>(*mv, X, groups);
+    else
+        k_matvec1<R, -1><<<nb, THREADS, 0, st>>>(*mv, X, groups);
 }
 
 /* ---- matvec: T <= 8 tokens, up to 4 matrices in one launch ------------------ */
@@ -1040,7 +1064,8 @@ __device__ __forceinline__ void load_slots(const mxc_moe1 &p, mxc_mat *sm, int w
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(THREADS) k_moe1(mxc_moe1 p)
+template <int B>
+__global__ void __launch_bounds__(THREADS, 2) k_moe1(mxc_moe1 p)
 {
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
     load_slots(p, sm, 0, 2);
@@ -1055,7 +1080,10 @@ __global__ void __launch_bounds__(THREADS) k_moe1(mxc_moe1 p)
     const mxc_mat g = sm[2 * (j - p.lo)], u = sm[2 * (j - p.lo) + 1];
     const int64_t r = gr - p.off[j];
     float ag[2] = {0.0f, 0.0f}, au[2] = {0.0f, 0.0f};
-    dual_rows(g, u, r, p.x, ag, au, lane);
+    if constexpr (B > 0)
+        dual_rows_b<B>(g, u, r, p.x, ag, au, lane);
+    else
+        dual_rows(g, u, r, p.x, ag, au, lane);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const float a = warp_sum(ag[i]), b = warp_sum(au[i]);
@@ -1072,27 +1100,19 @@ __global__ void __launch_bounds__(THREADS) k_moe1(mxc_moe1 p)
 template <int BITS>
 __device__ __forceinline__ float chunk_val(const mxc_mat &m, int64_t r, int64_t lc, const float *xc)
 {
-    float xv[32];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const float4 v = ((const float4 *)xc)[i];
-        xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
-    }
     if constexpr (BITS == 0) {
         float d = 0.0f;
-#pragma unroll
         for (int k = 0; k < 32; k++)
-            d += ldf(m.w, m.dt, r * m.cols + lc * 32 + k) * xv[k];
+            d += ldf(m.w, m.dt, r * m.cols + lc * 32 + k) * xc[k];
         return d;
     } else {
-        uint32_t w[BITS];
-        load_words<BITS>((const uint32_t *)m.w + r * (m.cols * BITS / 32) + lc * BITS, w);
+        uint32_t w[1][BITS];
+        load_words<BITS>((const uint32_t *)m.w + r * (m.cols * BITS / 32) + lc * BITS, w[0]);
         const int64_t gi = r * (m.cols / m.gs) + (lc * 32) / m.gs;
-        float sx = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            sx += xv[i];
-        return ldf(m.s, m.dt, gi) * dot32<BITS>(w, xv) + ldf(m.b, m.dt, gi) * sx;
+        const float s = ldf(m.s, m.dt, gi), b = ldf(m.b, m.dt, gi);
+        float d[1] = {0.0f}, sx = 0.0f;
+        chunk_rows<BITS, 1>(w, xc, 0, d, sx);
+        return s * d[0] + b * sx;
     }
 }
 
@@ -1141,7 +1161,13 @@ __global__ void __launch_bounds__(128) k_moe2(mxc_moe1 p)
 int mxc_moe_phase1(cudaStream_t st, const mxc_moe1 *p)
 {
     const int64_t rows = p->off[p->hi] - p->off[p->lo];
-    k_moe1<<<(unsigned)((rows / 2 + WARPS - 1) / WARPS), THREADS, 0, st>>>(*p);
+    const unsigned nb = (unsigned)((rows / 2 + WARPS - 1) / WARPS);
+    if (p->bits == 4)
+        k_moe1<4><<<nb, THREADS, 0, st>>>(*p);
+    else if (p->bits == 8)
+        k_moe1<8><<<nb, THREADS, 0, st>>>(*p);
+    else
+        k_moe1<-1><<<nb, THREADS, 0, st>>>(*p);
     return launched();
 }
 
