@@ -177,7 +177,7 @@
   function messageNode(role) {
     const node = document.createElement('article');
     node.className = 'msg ' + role;
-    const who = document.createElement('h3');
+    const who = document.createElement('h2');
     who.className = 'who';
     who.textContent = role === 'user' ? 'You' : (state.modelId || 'Assistant');
     const body = document.createElement('div');
