@@ -117,10 +117,14 @@ typedef struct mlxcel_model_options {
     int fused_moe;           /* the fused single-token MoE kernel: 1 on, 0 off,
                                 -1 (default): MLXCEL_FUSED_MOE decides (on unless
                                 it says 0/false/off/no) */
-    const char *precision;   /* reserved for lower-precision fast paths: NULL
-                                (default) or "exact" (the full-precision
-                                arithmetic of today); any other value is
-                                MLXCEL_EUNSUPPORTED for now */
+    const char *precision;   /* the integer kernels' arithmetic: "exact"
+                                (activations as three int8 levels per group,
+                                as close as float rounding) or "fast" (one
+                                level: less work per token, slightly different
+                                numbers; CPUs without VNNI kernels stay exact);
+                                NULL (default): MLXCEL_PRECISION decides
+                                (exact unless it says fast); another value
+                                is MLXCEL_EUNSUPPORTED */
 } mlxcel_model_options;
 
 /* Fills o with the defaults (and o->size). */

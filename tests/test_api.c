@@ -12,7 +12,8 @@
  *   - KV reuse: keep / set_tokens give bit-identical logits to a fresh
  *     context fed the same way, and within 1e-3 of one whole-prompt prefill;
  *     reset gives the first logits again;
- *   - the stop callback, stop strings, max_tokens, sampling determinism.
+ *   - the stop callback, stop strings, max_tokens, sampling determinism;
+ *   - an exact and a fast model used in turns, each in its own precision.
  * With MLXCEL_FIXTURES: qwen2_moe_tiny_chat's chat template and special
  * tokens, and its chat prompt through the API giving the reference ids. */
 #include "test.h"
@@ -25,6 +26,7 @@
 
 #include "format/safetensors.h"
 #include "mlxcel.h"
+#include "quant/quant.h"
 #include "util/file.h"
 
 #define MAX_IDS 64
@@ -123,9 +125,9 @@ static void test_version_and_errors(const char *kjv)
     o.context = -5;
     CHECK_STATUS(mlxcel_model_load(kjv, &o, &m), MLXCEL_EINVAL);
     mlxcel_model_options_init(&o);
-    o.precision = "fast";
+    o.precision = "half";
     CHECK_STATUS(mlxcel_model_load(kjv, &o, &m), MLXCEL_EUNSUPPORTED);
-    CHECK_MSG("\"exact\"");
+    CHECK_MSG("\"fast\"");
     CHECK(m == NULL);
 }
 
@@ -351,6 +353,48 @@ static int argmax(const float *x, int V)
         if (x[i] > x[b])
             b = i;
     return b;
+}
+
+/* ---- precision ------------------------------------------------------------------ */
+
+/* Two models of one checkpoint, exact and fast, used in turns: each pass
+ * runs in its model's precision (the engine's switch is process-wide), the
+ * exact logits stay bit-identical to those before any fast pass, and the
+ * fast ones pick the same top token (its margin is 1.6 logits). */
+static void test_precision(const char *dir, const ref_greedy *r)
+{
+    mlxcel_model_options o;
+    mlxcel_model_options_init(&o);
+    mlxcel_model *exact = NULL, *fast = NULL;
+    mlxcel_context *ce = NULL, *cf = NULL;
+    o.precision = "exact";
+    CHECK_STATUS(mlxcel_model_load(dir, &o, &exact), MLXCEL_OK);
+    o.precision = "fast";
+    CHECK_STATUS(mlxcel_model_load(dir, &o, &fast), MLXCEL_OK);
+    if (exact)
+        CHECK_STATUS(mlxcel_context_new(exact, 64, &ce), MLXCEL_OK);
+    if (fast)
+        CHECK_STATUS(mlxcel_context_new(fast, 64, &cf), MLXCEL_OK);
+    if (!ce || !cf)
+        goto done;
+    const int V = mlxcel_model_n_vocab(exact);
+    float *first = malloc(sizeof(float) * (size_t)V);
+    CHECK_STATUS(mlxcel_context_prefill(ce, r->prompt_ids, r->n_prompt), MLXCEL_OK);
+    CHECK(mx_precision_get() == MX_PRECISION_EXACT);
+    memcpy(first, mlxcel_context_logits(ce), sizeof(float) * (size_t)V);
+    CHECK_STATUS(mlxcel_context_prefill(cf, r->prompt_ids, r->n_prompt), MLXCEL_OK);
+    CHECK(mx_precision_get() == MX_PRECISION_FAST);
+    CHECK(argmax(mlxcel_context_logits(cf), V) == r->greedy[0]);
+    CHECK_STATUS(mlxcel_context_reset(ce), MLXCEL_OK);
+    CHECK_STATUS(mlxcel_context_prefill(ce, r->prompt_ids, r->n_prompt), MLXCEL_OK);
+    CHECK(mx_precision_get() == MX_PRECISION_EXACT);
+    CHECKF(same_logits(first, mlxcel_context_logits(ce), V), "exact logits changed after a fast pass");
+    free(first);
+done:
+    mlxcel_context_free(ce);
+    mlxcel_context_free(cf);
+    mlxcel_model_free(exact);
+    mlxcel_model_free(fast);
 }
 
 static void test_kv_reuse(mlxcel_model *m, const ref_greedy *r)
@@ -840,6 +884,7 @@ int main(void)
     test_greedy(kjv, &r, 0, 0);
     test_greedy(kjv, &r, 1, 1);
     test_no_tokenizer(kjv, &r);
+    test_precision(kjv, &r);
     const char *fx = test_fixtures();
     if (fx) {
         test_chat_fixture(fx);

@@ -8,6 +8,7 @@
 
 #include "api/api_int.h"
 #include "moe/moe.h"
+#include "quant/quant.h"
 #include "util/parallel.h"
 
 /* The public codes are the internal ones (util/err.h). */
@@ -98,15 +99,24 @@ mlxcel_context *api_context(const mlxcel_context *c, const char *fn)
 /* ---- forward passes ------------------------------------------------------------ */
 
 /* One lock for the process, not one per model: besides the model's own
- * scratch, the thread count (util/parallel.h) and the fused switch
- * (moe/moe.h) are process-wide, and each model may want its own. */
+ * scratch, the thread count (util/parallel.h), the fused switch (moe/moe.h)
+ * and the precision (quant/quant.h) are process-wide, and each model may
+ * want its own. */
 static pthread_mutex_t g_forward = PTHREAD_MUTEX_INITIALIZER;
+
+/* The precision MLXCEL_PRECISION chose, read before the API first sets
+ * one (mx_precision_set has no "back to the environment"). */
+static int g_env_precision = -1;
 
 void api_forward_begin(const mlxcel_model *m)
 {
     pthread_mutex_lock(&g_forward);
     mx_set_threads(m->threads);
     mx_moe_set_fused(m->fused);
+    if (g_env_precision < 0)
+        g_env_precision = (int)mx_precision_get();
+    mx_precision_set(mx_precision_name((mx_precision)(m->precision >= 0 ? m->precision
+                                                                         : g_env_precision)));
 }
 
 void api_forward_end(void) { pthread_mutex_unlock(&g_forward); }

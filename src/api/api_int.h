@@ -23,6 +23,7 @@ struct mlxcel_model {
     mx_engine *g;
     int threads;                 /* 0: the process default */
     int fused;                   /* -1: the environment decides */
+    int precision;               /* an mx_precision, or -1: the environment's */
     int n_ctx;                   /* default context of new contexts */
 };
 
@@ -47,8 +48,8 @@ mlxcel_model *api_model(const mlxcel_model *m, const char *fn);
 mlxcel_context *api_context(const mlxcel_context *c, const char *fn);
 
 /* Brackets every forward pass: one at a time in the process (the model's
- * scratch arenas, the thread count and the fused switch are shared state),
- * with this model's thread count and fused setting in force. */
+ * scratch arenas, the thread count, the fused switch and the precision are
+ * shared state), with this model's settings in force. */
 void api_forward_begin(const mlxcel_model *m);
 void api_forward_end(void);
 

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "api/api_int.h"
+#include "quant/quant.h"
 
 #define API_MAX_THREADS 256
 #define API_DEFAULT_CTX 4096
@@ -34,9 +35,9 @@ static int read_options(const mlxcel_model_options *in, mlxcel_model_options *o,
     if (o->fused_moe < -1 || o->fused_moe > 1)
         return api_fail(MLXCEL_EINVAL, fn, "options.fused_moe is %d: -1 (environment), 0 or 1",
                         o->fused_moe);
-    if (o->precision && strcmp(o->precision, "exact") != 0)
+    if (o->precision && strcmp(o->precision, "exact") != 0 && strcmp(o->precision, "fast") != 0)
         return api_fail(MLXCEL_EUNSUPPORTED, fn,
-                        "options.precision \"%s\" is not supported (only \"exact\" for now)",
+                        "options.precision \"%s\" is not supported (\"exact\" or \"fast\")",
                         o->precision);
     return MLXCEL_OK;
 }
@@ -72,6 +73,7 @@ int mlxcel_model_load(const char *dir, const mlxcel_model_options *opts, mlxcel_
     m->tag = API_MODEL_TAG;
     m->threads = o.threads;
     m->fused = o.fused_moe;
+    m->precision = !o.precision ? -1 : strcmp(o.precision, "fast") ? MX_PRECISION_EXACT : MX_PRECISION_FAST;
     m->n_ctx = o.context ? o.context : default_ctx(m->g->model);
     *out = m;
     return MLXCEL_OK;
