@@ -55,6 +55,12 @@ else()
   set(MLXCEL_PC_PREFIX "\${pcfiledir}/${MLXCEL_PC_UP}")
 endif()
 string(REPLACE ";" " " MLXCEL_PC_OPENMP "${OpenMP_C_FLAGS}")
+# A CUDA build's archive holds the backend: static links need the CUDA
+# runtime (static, as the executable links it) and the C++ runtime.
+set(MLXCEL_PC_CUDA "")
+if(MLXCEL_CUDA)
+  set(MLXCEL_PC_CUDA "-L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt -lstdc++")
+endif()
 configure_file(${CMAKE_SOURCE_DIR}/cmake/mlxcel.pc.in ${CMAKE_BINARY_DIR}/mlxcel.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/mlxcel.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
