@@ -387,7 +387,7 @@ static int load_router_rule(mx_model *m, const char *blk, mx_router *r, mx_err *
     if (r->kind == MX_ROUTER_SPARSEMIXER && m->top_k != 2)
         return mx_fail(e, MX_EUNSUPPORTED, "%s/config.json: sparsemixer routing takes 2 experts, not %d",
                        m->dir, m->top_k);
-    float *sc, *bias;
+    float *sc = NULL, *bias = NULL;
     int rc = load_named_vector(m, blk, m->fam->names.expert_scale, m->n_experts, &sc, e);
     if (!rc)
         rc = load_named_vector(m, blk, m->fam->names.router_bias, m->n_experts, &bias, e);
