@@ -128,19 +128,25 @@ static int run_locked(const mx_moe_job *j, mx_moe_path path, mx_err *e)
             return mx_fail(e, MX_ENOMEM, "moe fused: out of memory");
         void *buf = mx_arena_take(&g_arena, mx_moe_fused_bytes(&p, nth));
         unsigned char *xbuf = mx_arena_take(&g_arena, (size_t)nth * xb);
+        mx_barrier bar;
+        mx_barrier_init(&bar);
 #pragma omp parallel num_threads(nth)
         {
+            mx_barrier_join(&bar, omp_get_num_threads());
             mx_vec xv;
             mx_vec_init(&xv, j->x, j->d_model, xbuf + xb * (size_t)omp_get_thread_num());
-            mx_moe_fused_team(&p, &xv, buf, j->out);
+            mx_moe_fused_team(&p, &xv, buf, j->out, &bar);
         }
         return MX_OK;
     }
     if (!g_state && !(g_state = mx_moe_gather_state_new()))
         return mx_fail(e, MX_ENOMEM, "moe gather: out of memory");
+    mx_barrier bar;
+    mx_barrier_init(&bar);
 #pragma omp parallel num_threads(nth)
     {
-        int r = mx_moe_gather_team(j, g_state, &g_arena, e);
+        mx_barrier_join(&bar, omp_get_num_threads());
+        int r = mx_moe_gather_team(j, g_state, &g_arena, &bar, e);
 #pragma omp master
         rc = r;
     }

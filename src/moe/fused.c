@@ -120,7 +120,7 @@ static void phase2(const mx_moe_plan *p, mx_vec *hv, float *row, float *out, int
     }
 }
 
-void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out)
+void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, mx_barrier *bar)
 {
     const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
     const size_t hb = mx_align64((size_t)p->off[p->n] * sizeof(float));
@@ -135,7 +135,7 @@ void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out)
     long lo, hi;
     mx_split((long)p->off[p->n], ith, nth, &lo, &hi);
     phase1(p, x, h, u, lo, hi);
-#pragma omp barrier
+    mx_barrier_wait(bar);
     for (int j = 0; j < p->n; j++) {
         const int64_t ff = p->off[j + 1] - p->off[j];
         mx_vec_init(&hv[j], h + p->off[j], ff, mine);
@@ -143,5 +143,5 @@ void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out)
     }
     mx_split((long)p->d_model, ith, nth, &lo, &hi);
     phase2(p, hv, row, out, lo, hi);
-#pragma omp barrier
+    mx_barrier_wait(bar);
 }
