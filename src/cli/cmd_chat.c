@@ -503,6 +503,7 @@ int cmd_chat(int argc, char **argv)
     char *hist = NULL;
     if (!rc) {
         o.gen.max_tokens = cli_max_tokens(&o, n_ctx);
+        cli_lookup_check(&o, ch.g->model);
         hist = history_file();
         if (!(ch.in = repl_open(hist)) || (system && convo_set_system(&ch.c, system))) {
             fprintf(stderr, "mlxcel chat: cannot start line input (out of memory or no terminal)\n");

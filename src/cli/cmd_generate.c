@@ -58,7 +58,7 @@ static int on_token(void *ud, int32_t id, const char *text, size_t len)
     return 0;
 }
 
-static void print_stats(const mx_gen_stats *st)
+static void print_stats(const mx_gen_stats *st, int lookup)
 {
     mx_moe_stats ms;
     mx_moe_stats_get(&ms);
@@ -71,6 +71,10 @@ static void print_stats(const mx_gen_stats *st)
             st->t_decode > 0 && dec ? dec / st->t_decode : 0.0, st->n_gen, st->t_decode);
     fprintf(stderr, "time to first token: %.3f s\n", st->t_first);
     fprintf(stderr, "finish: %s\n", st->finish);
+    if (lookup)
+        fprintf(stderr, "lookup: %d drafted, %d accepted (%.0f %%), %d verify calls\n", st->n_drafted,
+                st->n_accepted, st->n_drafted ? 100.0 * st->n_accepted / st->n_drafted : 0.0,
+                st->n_verify);
     fprintf(stderr, "peak RSS: %.1f MiB\n", (double)mx_peak_rss_bytes() / 1048576.0);
     fprintf(stderr, "threads: %d, kernel: %s\n", mx_threads(), mx_qkernels_active()->name);
     fprintf(stderr, "moe-dispatch fused=%ld gather=%ld\n", ms.fused, ms.gather);
@@ -201,6 +205,7 @@ int cmd_generate(int argc, char **argv)
         free(read_text);
         return 1;
     }
+    cli_lookup_check(&o, g->model);
     if (ids_arg) {
         /* parsed above */
     } else if (prompt || no_template) {
@@ -242,7 +247,7 @@ int cmd_generate(int argc, char **argv)
     if (rc)
         fprintf(stderr, "mlxcel generate: %s\n", e.msg);
     if (!rc && o.stats) {
-        print_stats(&st);
+        print_stats(&st, o.gen.lookup);
     } else if (!rc && mx_env_flag("MLXCEL_TRACE_MOE", 0)) {
         mx_moe_stats ms;
         mx_moe_stats_get(&ms);

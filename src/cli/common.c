@@ -21,6 +21,9 @@ void cli_opts_init(cli_opts *o, float default_temp)
     /* a different draw each run unless --seed is given */
     o->gen.sample.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     o->gen.stops = o->stops;
+    /* MLXCEL_LOOKUP_ADAPT=0: --lookup drafts at every match (tests, and
+     * measuring what the cost model saves) */
+    o->gen.lookup_always = !mx_env_flag("MLXCEL_LOOKUP_ADAPT", 1);
 }
 
 void cli_common_help(FILE *f)
@@ -43,7 +46,12 @@ void cli_common_help(FILE *f)
                "      --seed S            seed for reproducible sampling\n"
                "      --stop TEXT         stop when TEXT is generated (repeatable)\n"
                "      --ignore-eos        keep going past end-of-sequence tokens\n"
-               "      --stats             print timing and dispatch statistics on stderr\n");
+               "      --lookup N          prompt lookup: draft up to N tokens (1..%d) that follow an\n"
+               "                          earlier occurrence of the text's last words and verify them in\n"
+               "                          one forward call; the output is unchanged (greedy or sampled),\n"
+               "                          only faster when text repeats (off for recurrent models)\n"
+               "      --stats             print timing and dispatch statistics on stderr\n",
+            MX_LOOKUP_MAX);
 }
 
 int cli_precision(const char *opt, const char *v)
@@ -125,6 +133,11 @@ int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
         o->stops[o->gen.n_stops++] = v;
     } else if (!strcmp(a, "--ignore-eos")) {
         o->gen.ignore_eos = 1;
+    } else if (!strcmp(a, "--lookup")) {
+        VAL();
+        if (arg_long(a, v, 0, MX_LOOKUP_MAX, &n))
+            return -1;
+        o->gen.lookup = (int)n;
     } else if (!strcmp(a, "--stats")) {
         o->stats = 1;
     } else {
@@ -146,6 +159,15 @@ int cli_ctx(const cli_opts *o, const mx_model *m)
         return o->ctx;
     }
     return mp > 0 && mp < 4096 ? mp : 4096;
+}
+
+void cli_lookup_check(cli_opts *o, const mx_model *m)
+{
+    if (o->gen.lookup > 0 && mx_model_state_floats(m) > 0) {
+        fprintf(stderr, "mlxcel: note: --lookup is off for this model: its recurrent layers cannot drop "
+                        "rejected draft tokens\n");
+        o->gen.lookup = 0;
+    }
 }
 
 int cli_max_tokens(const cli_opts *o, int n_ctx)

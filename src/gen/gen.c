@@ -224,6 +224,11 @@ struct mx_gen_req {
     mx_grammar_state *gs;        /* the grammar's parse of the output, when constrained */
     mx_token_logprob lp;
     int lp_valid;
+    /* prompt lookup */
+    int lookup;                  /* on: opts.lookup > 0 and a model whose cache can be rewound */
+    mx_lookup lk;
+    int32_t draft[MX_LOOKUP_MAX];
+    float *all;                  /* [(MX_LOOKUP_MAX + 1), vocab] a verify call's logits, made on first use */
 };
 
 void mx_gen_req_free(mx_gen_req *r)
@@ -236,6 +241,7 @@ void mx_gen_req_free(mx_gen_req *r)
     mx_grammar_state_free(r->gs);
     free(r->logits);
     free(r->raw);
+    free(r->all);
     free(r->prompt);
     free(r);
 }
@@ -285,6 +291,8 @@ int mx_gen_req_new(mx_engine *g, mx_session *s, const int32_t *prompt, int n_pro
         return mx_fail(e, MX_ENOMEM, "out of memory");
     }
     memcpy(r->prompt, prompt, sizeof *prompt * (size_t)n_prompt);
+    r->lookup = o->lookup > 0 && mx_model_state_floats(m) == 0;
+    mx_lookup_init(&r->lk, o->lookup, o->lookup_always);
     if (o->grammar) {
         int rc = o->grammar_vocab ? mx_grammar_state_new(o->grammar, o->grammar_vocab, &r->gs, e)
                                   : mx_fail(e, MX_EINVAL, "a grammar needs the vocabulary's byte strings");
@@ -413,7 +421,9 @@ static void token_logprob(mx_gen_req *r, int32_t id)
     lp->logprob = (isnan(x[id]) ? -INFINITY : x[id]) - lse;
 }
 
-int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
+/* mx_gen_req_step with the first n_hist ids of the session as the text so
+ * far (a verify call's cache holds drafted tokens past them). */
+static int step_at(mx_gen_req *r, int n_hist, int32_t *next, mx_err *e)
 {
     if (r->finished)
         return 1;
@@ -422,7 +432,7 @@ int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
         return finish(r, "length", 1, e);
     if (r->raw)
         memcpy(r->raw, r->logits, sizeof(float) * (size_t)r->g->model->vocab);
-    int32_t id = mx_sampler_sample(r->smp, r->logits, s->ids, (size_t)s->seq->pos);
+    int32_t id = mx_sampler_sample(r->smp, r->logits, s->ids, (size_t)n_hist);
     if (id < 0) {
         r->finished = 1;
         r->st.finish = "error";
@@ -461,10 +471,95 @@ int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
     /* a grammar whose sentence is complete and can go no further */
     if (r->gs && mx_grammar_finished(r->gs))
         return finish(r, "stop", 1, e);
-    if (r->st.n_gen >= r->o.max_tokens || s->seq->pos + 1 >= s->seq->n_ctx)
+    if (r->st.n_gen >= r->o.max_tokens || n_hist + 1 >= s->seq->n_ctx)
         return finish(r, "length", 1, e);
     *next = id;
     return 0;
+}
+
+/* Feeds next + draft[0..k) in one forward call, then samples from each
+ * position's logits while the samples equal the draft (gen.h).  match:
+ * the draft's n-gram length, for the cost model. */
+static int verify(mx_gen_req *r, int32_t next, const int32_t *draft, int k, int match, int32_t *out,
+                  mx_err *e)
+{
+    mx_session *s = r->s;
+    mx_seq *q = s->seq;
+    mx_model *m = r->g->model;
+    const size_t V = (size_t)m->vocab;
+    const int p0 = q->pos;
+    if (k < 0 || k > MX_LOOKUP_MAX)
+        return -mx_fail(e, MX_EINVAL, "lookup: a draft of %d tokens (at most %d)", k, MX_LOOKUP_MAX);
+    if (r->finished)
+        return 1;
+    if (k && mx_model_state_floats(m))
+        return -mx_fail(e, MX_EINVAL, "lookup: this model's recurrent state cannot drop rejected "
+                                      "draft tokens");
+    if (k && !r->all && !(r->all = malloc(sizeof(float) * V * (MX_LOOKUP_MAX + 1))))
+        return -mx_fail(e, MX_ENOMEM, "lookup: out of memory for %d tokens' logits", MX_LOOKUP_MAX + 1);
+    int32_t ids[MX_LOOKUP_MAX + 1];
+    ids[0] = next;
+    if (k)
+        memcpy(ids + 1, draft, sizeof *ids * (size_t)k);
+    double t0 = mx_now();
+    mx_forward_trace tr = {.all_logits = r->all};
+    int rc = mx_forward(m, q, ids, k + 1, k ? NULL : r->logits, k ? &tr : NULL, e);
+    if (rc)
+        return -rc;
+    memcpy(s->ids + p0, ids, sizeof *ids * (size_t)(k + 1));
+    const double t = mx_now() - t0;
+    int i = 0, res;
+    for (;; i++) {
+        if (k)
+            memcpy(r->logits, r->all + (size_t)i * V, sizeof(float) * V);
+        res = step_at(r, p0 + i + 1, out, e);
+        if (res != 0 || i == k || *out != draft[i])
+            break;
+    }
+    /* the cache keeps what was fed and accepted: next and draft[0..i) */
+    mx_seq_rewind(q, p0 + i + 1);
+    if (k) {
+        r->st.n_verify++;
+        r->st.n_drafted += k;
+        r->st.n_accepted += i;
+    }
+    /* compared: the i accepted, and a rejected one when the loop broke on it */
+    const int checked = i + (res == 0 && i < k);
+    mx_lookup_record(&r->lk, k + 1, t, match, checked, i);
+    return res;
+}
+
+int mx_gen_req_step(mx_gen_req *r, int32_t *next, mx_err *e)
+{
+    return step_at(r, r->s->seq->pos, next, e);
+}
+
+int mx_gen_req_verify(mx_gen_req *r, int32_t next, const int32_t *draft, int k, int32_t *out,
+                      mx_err *e)
+{
+    return verify(r, next, draft, k, 0, out, e);
+}
+
+int mx_gen_req_decode(mx_gen_req *r, int32_t next, int32_t *out, mx_err *e)
+{
+    int k = 0, match = 0;
+    if (r->lookup && !r->finished) {
+        mx_session *s = r->s;
+        const int p0 = s->seq->pos;
+        /* drafted tokens that can still be used: step i of a verify call
+         * continues only while the context and max_tokens leave room */
+        int room = s->seq->n_ctx - p0 - 2, left = r->o.max_tokens - r->st.n_gen - 1;
+        int lim = room < left ? room : left;
+        if (lim > r->lk.max_draft)
+            lim = r->lk.max_draft;
+        if (lim > 0) {
+            s->ids[p0] = next;   /* where it will be fed; the context to look up in */
+            int n = mx_lookup_draft(s->ids, p0 + 1, MX_LOOKUP_NGRAM, lim, r->draft, &match);
+            if (n)
+                k = mx_lookup_choose(&r->lk, match, n);
+        }
+    }
+    return verify(r, next, r->draft, k, match, out, e);
 }
 
 void mx_gen_req_fed(mx_gen_req *r, int32_t id)
@@ -489,15 +584,13 @@ int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt
     int rc = mx_gen_req_new(g, s, prompt, n_prompt, o, cb, ud, &r, e);
     if (!rc)
         rc = mx_gen_req_prefill(r, e);
-    while (!rc) {
+    if (!rc) {
         int32_t next;
         int k = mx_gen_req_step(r, &next, e);
+        while (k == 0)
+            k = mx_gen_req_decode(r, next, &next, e);
         if (k < 0)
             rc = -k;
-        else if (k > 0)
-            break;
-        else if (!(rc = mx_forward(g->model, s->seq, &next, 1, r->logits, NULL, e)))
-            mx_gen_req_fed(r, next);
     }
     if (st)
         *st = r ? r->st : (mx_gen_stats){.finish = "error"};

@@ -92,6 +92,8 @@ typedef struct mx_gen_opts {
     size_t n_bias;
     struct mx_grammar *grammar;  /* constrain the output to this grammar (NULL: free) */
     struct mx_grammar_vocab *grammar_vocab;  /* the vocabulary's byte strings for it */
+    int lookup;                  /* prompt lookup: draft up to this many tokens (0: off; see below) */
+    int lookup_always;           /* draft at every match instead of when the cost model says it pays */
 } mx_gen_opts;
 
 /* The log-probabilities of a generated token: log-softmax of the model's
@@ -112,6 +114,8 @@ typedef struct mx_gen_stats {
     double t_prefill, t_decode;  /* seconds */
     double t_first;              /* time to first token (from the call) */
     const char *finish;          /* "stop" (EOS or stop string) or "length" */
+    int n_drafted, n_accepted;   /* prompt lookup: tokens drafted, and of them accepted */
+    int n_verify;                /* forward calls that verified a draft */
 } mx_gen_stats;
 
 /* Called for every generated token with the text it completes (may be empty,
@@ -149,9 +153,82 @@ void mx_gen_req_fed(mx_gen_req *r, int32_t id);
 float *mx_gen_req_logits(mx_gen_req *r);           /* [vocab] */
 mx_session *mx_gen_req_session(mx_gen_req *r);
 const mx_gen_stats *mx_gen_req_stats(const mx_gen_req *r);
+/* Feeds `next` (the token the last step returned) and samples the one after
+ * it, as mx_gen_req_step does; returns the same values.  With opts.lookup
+ * it drafts tokens by prompt lookup and verifies them in the same forward
+ * call, so one call may emit several tokens (the callback runs for each). */
+int mx_gen_req_decode(mx_gen_req *r, int32_t next, int32_t *out, mx_err *e);
+/* The verification itself, with the caller's draft (tests): feeds `next`
+ * and draft[0..k) in one forward call (k <= MX_LOOKUP_MAX), samples from
+ * each position's logits in turn while the samples equal the draft, keeps
+ * what was accepted in the cache and drops the rest.  A model with a
+ * recurrent state cannot drop tokens: k > 0 is an error there. */
+int mx_gen_req_verify(mx_gen_req *r, int32_t next, const int32_t *draft, int k, int32_t *out,
+                      mx_err *e);
 /* With opts.logprobs: the log-probabilities of the token the callback is
  * being called for (valid during the callback; NULL otherwise). */
 const mx_token_logprob *mx_gen_req_logprob(const mx_gen_req *r);
 void mx_gen_req_free(mx_gen_req *r);
+
+/* ---- prompt lookup: speculative decoding without a draft model ----------
+ *
+ * Text often repeats what the context already holds (a passage quoted or
+ * rewritten, code edited, a loop of a small model).  Before feeding the
+ * next token, the longest suffix n-gram of the context that occurred
+ * earlier gives a draft: the tokens that followed it.  The next token and
+ * the draft go through the model in one forward call (for a memory-bound
+ * model hardly dearer than one token), and the samples taken from each
+ * position's logits in turn are kept while they equal the draft: each one
+ * kept is a token generated without a forward call of its own.
+ *
+ * The output is exactly that of plain decoding, greedy or sampled: a
+ * forward call of up to MX_BATCH_SMALL tokens computes each token's logits
+ * with the same arithmetic as a one-token step (the same bits:
+ * tests/test_lookup.c checks it on every fixture), the sampler draws once
+ * per emitted token in the same order, and the cache keeps only what was
+ * accepted (mx_seq_rewind).  Models with a recurrent state (Qwen3-Next,
+ * LFM2) cannot drop tokens from it: lookup is off for them.
+ *
+ * When to draft is a cost model (mx_lookup_choose): the measured time of a
+ * forward call of T tokens against the acceptance rate seen so far for
+ * matches of that length, so text that does not repeat costs (almost)
+ * nothing. */
+#define MX_LOOKUP_MAX (MX_BATCH_SMALL - 1)   /* drafted tokens per call: next + draft <= 16 */
+#define MX_LOOKUP_NGRAM 4                    /* the longest suffix n-gram looked up */
+
+/* Up to max_draft tokens following the most recent earlier occurrence of
+ * the longest suffix n-gram (1..max_ngram tokens) of ctx[0..n); a
+ * continuation that reaches the end of ctx goes on from the draft itself
+ * (a repeating cycle drafts its next turns).  Returns how many were
+ * drafted (0 when the last token never occurred before) and the n-gram's
+ * length in *match. */
+int mx_lookup_draft(const int32_t *ctx, int n, int max_ngram, int max_draft, int32_t *draft,
+                    int *match);
+
+/* The cost model: forward times by number of tokens, and per match length
+ * and draft position how often a drafted token was accepted once the ones
+ * before it were (in a repeating stretch the first is the uncertain one and
+ * the rest follow: one rate for all positions would undervalue long drafts). */
+typedef struct mx_lookup {
+    int max_draft;
+    int always;                             /* no cost model: every match drafts max_draft */
+    double t_fwd[MX_LOOKUP_MAX + 2];        /* [T] seconds of a forward call of T tokens (0: unknown) */
+    double hit[MX_LOOKUP_NGRAM + 1][MX_LOOKUP_MAX];    /* [match][i] draft[i] accepted, decaying */
+    double tried[MX_LOOKUP_NGRAM + 1][MX_LOOKUP_MAX];  /* [match][i] draft[i] compared, decaying */
+    int idle;                               /* matches passed over since the last draft */
+} mx_lookup;
+
+void mx_lookup_init(mx_lookup *lk, int max_draft, int always);
+/* How many of `avail` drafted tokens (an n-gram match of length `match`)
+ * to verify: the k that maximises the expected tokens per second,
+ * (1 + p0 + p0 p1 + ... + p0..p(k-1)) / time(k + 1), with pi the rate at
+ * which draft[i] is accepted after draft[0..i); 0: a plain step.  A match
+ * passed over 64 times in a row drafts one token, so a rate that was low
+ * can recover. */
+int mx_lookup_choose(mx_lookup *lk, int match, int avail);
+/* A forward call of T tokens took `seconds`; of its drafted tokens (a
+ * match of length `match`), `checked` were compared with a sample and the
+ * first `accepted` of them were equal (a rejection ends the comparison). */
+void mx_lookup_record(mx_lookup *lk, int T, double seconds, int match, int checked, int accepted);
 
 #endif
