@@ -53,6 +53,49 @@ else
   bad "sampled ids differ with --lookup 6"
 fi
 
+# serve --lookup: a request decoding alone gets drafts; the text is the
+# plain greedy text, whole and streamed, and so are two requests at once
+# (whose steps are batched instead)
+if command -v curl > /dev/null && command -v jq > /dev/null; then
+  MLXCEL_LOOKUP_ADAPT=0 "$BIN" serve -m "$M" --port 0 --lookup 15 --parallel 2 2> "$T/serve.log" &
+  SPID=$!
+  PORT=
+  for _ in $(seq 1 300); do
+    PORT=$(sed -n 's/^serve: listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$T/serve.log" | head -1)
+    [ -n "$PORT" ] && curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+    kill -0 "$SPID" 2> /dev/null || break
+    sleep 0.1
+  done
+  U=http://127.0.0.1:$PORT/v1/completions
+  body='{"prompt": "And God said", "max_tokens": 120, "temperature": 0}'
+  curl -s "$U" -H 'Content-Type: application/json' -d "$body" | jq -j '.choices[0].text' > "$T/srv.txt"
+  if [ -s "$T/srv.txt" ] && cmp -s "$T/plain.txt" "$T/srv.txt"; then
+    ok "serve --lookup 15: the plain greedy text"
+  else
+    bad "serve --lookup 15 text differs: $(head -c 120 "$T/srv.txt")"
+  fi
+  sbody='{"prompt": "And God said", "max_tokens": 120, "temperature": 0, "stream": true}'
+  curl -sN "$U" -H 'Content-Type: application/json' -d "$sbody" | sed -n 's/^data: //p' | grep -v '^\[DONE\]' |
+    jq -j '.choices[0].text // empty' > "$T/srv_stream.txt"
+  if cmp -s "$T/plain.txt" "$T/srv_stream.txt"; then
+    ok "serve --lookup 15, streamed: the plain greedy text"
+  else
+    bad "serve --lookup 15 streamed text differs: $(head -c 120 "$T/srv_stream.txt")"
+  fi
+  curl -s "$U" -H 'Content-Type: application/json' -d "$body" | jq -j '.choices[0].text' > "$T/c1.txt" &
+  curl -s "$U" -H 'Content-Type: application/json' -d "$body" | jq -j '.choices[0].text' > "$T/c2.txt"
+  wait %2 2> /dev/null
+  if cmp -s "$T/plain.txt" "$T/c1.txt" && cmp -s "$T/plain.txt" "$T/c2.txt"; then
+    ok "serve --lookup 15, two requests at once: the plain greedy text"
+  else
+    bad "serve --lookup 15, two requests at once: text differs"
+  fi
+  kill "$SPID" 2> /dev/null
+  wait "$SPID" 2> /dev/null
+else
+  echo "skip: curl or jq missing: no serve --lookup check" >&2
+fi
+
 # usage errors
 for v in 16 -1 x; do
   "$BIN" generate -m "$M" -p "$P" -n 1 --lookup "$v" > /dev/null 2> "$T/u.err"

@@ -184,6 +184,9 @@ int cmd_serve(int argc, char **argv)
     so.n_ctx = cli_ctx(&co, g->model);
     so.n_predict = co.max_tokens ? cli_max_tokens(&co, so.n_ctx) : 256;
     so.sample = co.gen.sample;
+    cli_lookup_check(&co, g->model);
+    so.lookup = co.gen.lookup;
+    so.lookup_always = co.gen.lookup_always;
     mx_server *s = NULL;
     if (mx_server_start(g, &so, &s, &e)) {
         fprintf(stderr, "mlxcel serve: %s\n", e.msg);

@@ -431,6 +431,8 @@ static int parse_common(const srv_ctx *c, srv_req *r, const cJSON *o, srv_reply 
     }
     mx_sample_params *sp = &r->gen.sample;
     *sp = so->sample;
+    r->gen.lookup = so->lookup;
+    r->gen.lookup_always = so->lookup_always;
     double d;
     long long i;
     long long max_tokens = so->n_predict;

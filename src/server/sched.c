@@ -426,6 +426,20 @@ static void decode_all(srv_sched *sc)
     if (!n)
         return;
     mx_err e = {0};
+    srv_slot *alone = &sc->slots[sc->rows[0]];
+    if (n == 1 && alone->req->gen.lookup > 0) {
+        /* a request decoding alone: prompt lookup may feed a draft with its
+         * token and emit several tokens (gen.h) */
+        int32_t next = 0;
+        int k = mx_gen_req_decode(alone->gr, alone->next, &next, &e);
+        if (k < 0)
+            slot_finish(sc, alone, 500, NULL, e.msg);
+        else if (k > 0)
+            choice_finish(sc, alone);
+        else
+            alone->next = next;
+        return;
+    }
     int rc = 0, batch = use_batch(sc, n);
     double t0 = mx_now();
     if (batch) {

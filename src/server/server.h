@@ -39,6 +39,9 @@ typedef struct mx_server_opts {
     const char *cors_origin;    /* Access-Control-Allow-Origin value; NULL: no CORS */
     int metrics;                /* serve GET /metrics (Prometheus text) */
     int webui;                  /* serve the chat page at GET / (default on) */
+    int lookup;                 /* prompt lookup (gen.h) for a request decoding alone: draft
+                                   up to this many tokens (0: off) */
+    int lookup_always;          /* draft at every match (no cost model) */
 } mx_server_opts;
 
 void mx_server_opts_defaults(mx_server_opts *o);
