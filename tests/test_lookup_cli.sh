@@ -68,11 +68,18 @@ if command -v curl > /dev/null && command -v jq > /dev/null; then
   done
   U=http://127.0.0.1:$PORT/v1/completions
   body='{"prompt": "And God said", "max_tokens": 120, "temperature": 0}'
-  curl -s "$U" -H 'Content-Type: application/json' -d "$body" | jq -j '.choices[0].text' > "$T/srv.txt"
+  curl -s "$U" -H 'Content-Type: application/json' -d "$body" > "$T/srv.json"
+  jq -j '.choices[0].text' "$T/srv.json" > "$T/srv.txt"
   if [ -s "$T/srv.txt" ] && cmp -s "$T/plain.txt" "$T/srv.txt"; then
     ok "serve --lookup 15: the plain greedy text"
   else
     bad "serve --lookup 15 text differs: $(head -c 120 "$T/srv.txt")"
+  fi
+  if jq -e '.timings.draft_n > 0 and .timings.draft_n_accepted > 0 and
+            .timings.draft_n_accepted <= .timings.draft_n' "$T/srv.json" > /dev/null; then
+    ok "serve --lookup 15: timings $(jq -c '.timings | {draft_n, draft_n_accepted}' "$T/srv.json")"
+  else
+    bad "serve --lookup 15: no sensible draft counts in $(jq -c .timings "$T/srv.json")"
   fi
   sbody='{"prompt": "And God said", "max_tokens": 120, "temperature": 0, "stream": true}'
   curl -sN "$U" -H 'Content-Type: application/json' -d "$sbody" | sed -n 's/^data: //p' | grep -v '^\[DONE\]' |

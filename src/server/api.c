@@ -959,6 +959,10 @@ static cJSON *timings_json(const srv_req *r)
     cJSON_AddNumberToObject(t, "predicted_n", r->n_gen);
     cJSON_AddNumberToObject(t, "predicted_ms", r->t_decode * 1e3);
     cJSON_AddNumberToObject(t, "predicted_per_second", r->t_decode > 0 ? dec / r->t_decode : 0.0);
+    if (r->gen.lookup > 0) {     /* llama-server's names for a speculative draft */
+        cJSON_AddNumberToObject(t, "draft_n", r->n_drafted);
+        cJSON_AddNumberToObject(t, "draft_n_accepted", r->n_accepted);
+    }
     return t;
 }
 

@@ -201,6 +201,8 @@ static void choice_results(srv_sched *sc, srv_req *r, const mx_gen_stats *st)
     r->n_prefilled += st->n_prompt - st->n_cached;
     r->t_prefill += st->t_prefill;
     r->t_decode += st->t_decode > 0 ? st->t_decode : 0;
+    r->n_drafted += st->n_drafted;
+    r->n_accepted += st->n_accepted;
     sc->totals.prompt_tokens += (unsigned long long)(st->n_prompt - st->n_cached);
     if (first)
         sc->totals.cached_tokens += (unsigned long long)st->n_cached;

@@ -86,6 +86,7 @@ typedef struct srv_req {
     int n_gen, n_cached;         /* over all choices */
     int n_prefilled;             /* prompt tokens prefilled (not cached), all choices */
     double t_prefill, t_decode;  /* seconds, summed over the choices (timings) */
+    int n_drafted, n_accepted;   /* prompt lookup's draft tokens, all choices (timings) */
     const char *finish;          /* the last choice's: "stop", "length", "cancelled" */
     int err_status;              /* nonzero: the request failed with this HTTP status */
     const char *err_code;        /* its OpenAI error code (NULL: none) */
