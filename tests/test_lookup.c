@@ -87,14 +87,17 @@ static void test_choose(void)
 
     /* calls that cost what they hold (T tokens: T seconds): a draft never
      * beats a plain step (1 + p + ... + p^k <= k + 1); the 64th match
-     * passed over drafts one token */
+     * passed over drafts one token, then the 128th ... up to every 1024th */
     mx_lookup_init(&lk, 15, 0);
     for (int T = 1; T <= MX_LOOKUP_MAX + 1; T++)
         mx_lookup_record(&lk, T, (double)T, 0, 0, 0);
-    int zeros = 0;
-    while (zeros < 100 && mx_lookup_choose(&lk, 3, 15) == 0)
-        zeros++;
-    CHECKF(zeros == 63, "%d matches passed over before the probe (want 63)", zeros);
+    for (int probe = 64; probe <= 2048; probe *= 2) {
+        int zeros = 0;
+        while (zeros < 5000 && mx_lookup_choose(&lk, 3, 15) == 0)
+            zeros++;
+        const int want = (probe < 1024 ? probe : 1024) - 1;
+        CHECKF(zeros == want, "%d matches passed over before a probe (want %d)", zeros, want);
+    }
 
     /* cheap calls (1 + 0.1 (T-1) seconds): 4-gram matches that were always
      * accepted draft all 15; unigram matches always rejected at once draft

@@ -216,15 +216,17 @@ typedef struct mx_lookup {
     double hit[MX_LOOKUP_NGRAM + 1][MX_LOOKUP_MAX];    /* [match][i] draft[i] accepted, decaying */
     double tried[MX_LOOKUP_NGRAM + 1][MX_LOOKUP_MAX];  /* [match][i] draft[i] compared, decaying */
     int idle;                               /* matches passed over since the last draft */
+    int probe_every;                        /* passed over before a one-token probe */
 } mx_lookup;
 
 void mx_lookup_init(mx_lookup *lk, int max_draft, int always);
 /* How many of `avail` drafted tokens (an n-gram match of length `match`)
  * to verify: the k that maximises the expected tokens per second,
  * (1 + p0 + p0 p1 + ... + p0..p(k-1)) / time(k + 1), with pi the rate at
- * which draft[i] is accepted after draft[0..i); 0: a plain step.  A match
- * passed over 64 times in a row drafts one token, so a rate that was low
- * can recover. */
+ * which draft[i] is accepted after draft[0..i); 0: a plain step.  After 64
+ * matches passed over in a row one token is drafted, so a rate or a time
+ * that was bad can recover; while drafting does not pay, the interval
+ * doubles with each such probe (up to 1024). */
 int mx_lookup_choose(mx_lookup *lk, int match, int avail);
 /* A forward call of T tokens took `seconds`; of its drafted tokens (a
  * match of length `match`), `checked` were compared with a sample and the

@@ -5,6 +5,12 @@
 
 #include "gen/gen.h"
 
+/* Matches passed over before one token is drafted anyway (which also
+ * measures a call of two tokens again); the interval doubles after each
+ * such probe, up to PROBE_MAX, until drafting pays again. */
+#define PROBE_FIRST 64
+#define PROBE_MAX 1024
+
 int mx_lookup_draft(const int32_t *ctx, int n, int max_ngram, int max_draft, int32_t *draft,
                     int *match)
 {
@@ -44,6 +50,7 @@ void mx_lookup_init(mx_lookup *lk, int max_draft, int always)
     memset(lk, 0, sizeof *lk);
     lk->max_draft = max_draft < 0 ? 0 : max_draft > MX_LOOKUP_MAX ? MX_LOOKUP_MAX : max_draft;
     lk->always = always;
+    lk->probe_every = PROBE_FIRST;
 }
 
 /* The time of a forward call of T tokens: measured, else interpolated
@@ -73,10 +80,6 @@ static double time_of(const mx_lookup *lk, int T)
         return -1;
     return t1 + (lk->t_fwd[lo] - t1) * (T - 1) / (lo - 1);
 }
-
-/* Matches passed over before one token is drafted anyway (which also
- * measures a call of two tokens again). */
-#define PROBE_EVERY 64
 
 static int match_class(int match)
 {
@@ -117,10 +120,13 @@ int mx_lookup_choose(mx_lookup *lk, int match, int avail)
     }
     if (best) {
         lk->idle = 0;
+        lk->probe_every = PROBE_FIRST;
         return best;
     }
-    if (++lk->idle >= PROBE_EVERY) {
+    if (++lk->idle >= lk->probe_every) {
         lk->idle = 0;
+        if (lk->probe_every < PROBE_MAX)
+            lk->probe_every *= 2;
         return 1;
     }
     return 0;
