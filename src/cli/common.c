@@ -167,6 +167,11 @@ void cli_lookup_check(cli_opts *o, const mx_model *m)
         fprintf(stderr, "mlxcel: note: --lookup is off for this model: its recurrent layers cannot drop "
                         "rejected draft tokens\n");
         o->gen.lookup = 0;
+    } else if (o->gen.lookup > 0 && m->backend) {
+        fprintf(stderr, "mlxcel: note: --lookup is off on device %s: its calls of several tokens use "
+                        "other kernels than one-token steps, so the output would not be exactly the "
+                        "same\n", m->backend->name);
+        o->gen.lookup = 0;
     }
 }
 

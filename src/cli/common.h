@@ -30,8 +30,8 @@ void cli_common_help(FILE *f);
 /* Context size: the option (with a warning on stderr when it is above the
  * model's max_position_embeddings), else min(max_position_embeddings, 4096). */
 int cli_ctx(const cli_opts *o, const mx_model *m);
-/* --lookup with a model whose recurrent state cannot be rewound: a note on
- * stderr, and lookup off. */
+/* --lookup with a model whose recurrent state cannot be rewound, or on a
+ * backend device: a note on stderr, and lookup off. */
 void cli_lookup_check(cli_opts *o, const mx_model *m);
 /* Tokens to generate: -n, where -1 (llama.cpp's "until end of sequence")
  * becomes the whole context, which generation never runs past. */

@@ -291,7 +291,10 @@ int mx_gen_req_new(mx_engine *g, mx_session *s, const int32_t *prompt, int n_pro
         return mx_fail(e, MX_ENOMEM, "out of memory");
     }
     memcpy(r->prompt, prompt, sizeof *prompt * (size_t)n_prompt);
-    r->lookup = o->lookup > 0 && mx_model_state_floats(m) == 0;
+    /* off where a draft's call would not give one-token steps' bits: a
+     * recurrent state cannot drop tokens, and a backend device (the GPU)
+     * computes calls of several tokens with other kernels than one */
+    r->lookup = o->lookup > 0 && mx_model_state_floats(m) == 0 && !m->backend;
     mx_lookup_init(&r->lk, o->lookup, o->lookup_always);
     if (o->grammar) {
         int rc = o->grammar_vocab ? mx_grammar_state_new(o->grammar, o->grammar_vocab, &r->gs, e)

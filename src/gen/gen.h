@@ -187,7 +187,9 @@ void mx_gen_req_free(mx_gen_req *r);
  * tests/test_lookup.c checks it on every fixture), the sampler draws once
  * per emitted token in the same order, and the cache keeps only what was
  * accepted (mx_seq_rewind).  Models with a recurrent state (Qwen3-Next,
- * LFM2) cannot drop tokens from it: lookup is off for them.
+ * LFM2) cannot drop tokens from it: lookup is off for them, and on a
+ * backend device (src/cuda), whose calls of several tokens run other
+ * kernels than one-token steps.
  *
  * When to draft is a cost model (mx_lookup_choose): the measured time of a
  * forward call of T tokens against the acceptance rate seen so far for
