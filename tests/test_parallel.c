@@ -1,58 +1,137 @@
-/* test_parallel.c - the team barrier (util/parallel.h): every thread of a
- * round sees every write made before the barrier by any thread, over many
- * rounds, on the spinning path and on the sleeping one (spin budget 0),
- * with team sizes 1 to 4 (more threads than this machine has cores: the
- * sleeping path is what lets them all run), and rounds in which one thread
- * is late (it sleeps in the middle of a round while the others wait). */
-#include <omp.h>
+/* test_parallel.c - the pool and its teams (util/parallel.h).
+ *
+ * Barrier: every thread of a round sees every write made before the
+ * barrier by any thread, over many rounds, on the spinning path and on the
+ * sleeping one (spin budget 0), with teams of 1 to 6 threads (more threads
+ * than this machine has cores: the sleeping path is what lets them all
+ * run), and rounds in which one thread is late (it sleeps in the middle of
+ * a round while the others wait).
+ * Dynamic loops: between two barriers every item is taken exactly once,
+ * loop after loop.
+ * Pool: fn sees ith 0..nth-1 once each; a run started from inside a run
+ * runs inline with one thread; runs started from several threads at once
+ * take turns and each completes. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 
 #include "test.h"
 #include "util/parallel.h"
 
-enum { ROUNDS = 4000, MAXT = 8 };
+enum { ROUNDS = 4000, MAXT = 8, ITEMS = 97 };
+
+typedef struct rounds {
+    mx_team team;
+    int rounds, late_every;
+    long slot[MAXT * 16];            /* one cache line per thread */
+    _Atomic int taken[ITEMS];
+    _Atomic long bad, twice, seen_ith[MAXT], nth_seen;
+} rounds;
 
 /* Round r: thread i writes slot[i] = r; after the barrier every thread
- * checks every slot holds r; after a second barrier the slots may change. */
-static long run_rounds(int nth, int rounds, int late_every)
+ * checks every slot holds r, then the team shares a dynamic loop whose
+ * items must each be taken once; after a second barrier the slots and the
+ * counts may change. */
+static void rounds_thread(void *arg, int ith, int nth)
 {
-    static long slot[MAXT * 16];   /* one cache line per thread */
-    mx_barrier bar;
-    mx_barrier_init(&bar);
-    _Atomic long bad = 0;
-#pragma omp parallel num_threads(nth)
-    {
-        const int ith = omp_get_thread_num(), n = omp_get_num_threads();
-        mx_barrier_join(&bar, n);
-        for (int r = 0; r < rounds; r++) {
-            if (late_every && r % late_every == 0 && ith == r / late_every % n) {
-                struct timespec ts = {0, 300000};   /* 0.3 ms: past the spin budget */
-                nanosleep(&ts, NULL);
-            }
-            slot[ith * 16] = r;
-            mx_barrier_wait(&bar);
-            for (int i = 0; i < n; i++)
-                if (slot[i * 16] != r)
-                    atomic_fetch_add(&bad, 1);
-            mx_barrier_wait(&bar);
+    rounds *R = arg;
+    mx_team_join(&R->team, nth);
+    atomic_fetch_add(&R->seen_ith[ith], 1);
+    atomic_store(&R->nth_seen, nth);
+    for (int r = 0; r < R->rounds; r++) {
+        if (R->late_every && r % R->late_every == 0 && ith == r / R->late_every % nth) {
+            struct timespec ts = {0, 300000};   /* 0.3 ms: past any spin budget tried */
+            nanosleep(&ts, NULL);
         }
+        R->slot[ith * 16] = r;
+        mx_team_sync(&R->team);
+        for (int i = 0; i < nth; i++)
+            if (R->slot[i * 16] != r)
+                atomic_fetch_add(&R->bad, 1);
+        for (long it; (it = mx_team_next(&R->team)) < ITEMS;)
+            if (atomic_fetch_add(&R->taken[it], 1) != r)
+                atomic_fetch_add(&R->twice, 1);
+        mx_team_sync(&R->team);
+        if (ith == 0)
+            for (int i = 0; i < ITEMS; i++)
+                if (atomic_load(&R->taken[i]) != r + 1)
+                    atomic_fetch_add(&R->twice, 1);
+        mx_team_sync(&R->team);
     }
-    return atomic_load(&bad);
+}
+
+/* Runs the rounds; returns how many checks failed (printed), so threads
+ * that are not the test's main thread can call it. */
+static int run_rounds(int spin, int nth, int n_rounds, int late_every)
+{
+    rounds *R = calloc(1, sizeof *R);
+    if (!R)
+        return 1;
+    mx_team_init(&R->team);
+    R->rounds = n_rounds;
+    R->late_every = late_every;
+    mx_pool_run(nth, rounds_thread, R);
+    int fails = 0;
+    const char *late = late_every ? ", a late thread" : "";
+    if (atomic_load(&R->nth_seen) != nth)
+        fails++, fprintf(stderr, "pool gave %ld threads, asked %d\n", (long)atomic_load(&R->nth_seen), nth);
+    for (int i = 0; i < nth; i++)
+        if (atomic_load(&R->seen_ith[i]) != 1)
+            fails++, fprintf(stderr, "thread %d ran %ld times\n", i, (long)atomic_load(&R->seen_ith[i]));
+    if (atomic_load(&R->bad))
+        fails++, fprintf(stderr, "spin %d, %d threads%s: %ld stale reads\n", spin, nth, late,
+                         (long)atomic_load(&R->bad));
+    if (atomic_load(&R->twice))
+        fails++, fprintf(stderr, "spin %d, %d threads%s: %ld items not taken exactly once\n", spin,
+                         nth, late, (long)atomic_load(&R->twice));
+    free(R);
+    return fails;
+}
+
+/* a run started inside a run: inline, one thread */
+static _Atomic int inner_nth;
+static void inner(void *arg, int ith, int nth)
+{
+    (void)arg;
+    (void)ith;
+    atomic_store(&inner_nth, nth);
+}
+static void outer(void *arg, int ith, int nth)
+{
+    (void)arg;
+    (void)nth;
+    if (ith == 1)
+        mx_pool_run(4, inner, NULL);
+}
+
+/* runs from several threads at once */
+static _Atomic int caller_fails;
+static void *caller(void *arg)
+{
+    (void)arg;
+    for (int k = 0; k < 20; k++)
+        atomic_fetch_add(&caller_fails, run_rounds(1, 2 + k % 3, 50, 0));
+    return NULL;
 }
 
 int main(void)
 {
     for (int spin = 0; spin < 2; spin++) {
         mx_set_spin_us(spin ? 100 : 0);
-        for (int nth = 1; nth <= 4; nth++) {
-            long bad = run_rounds(nth, ROUNDS / (nth > 2 ? 4 : 1), 0);
-            CHECKF(bad == 0, "spin %d, %d threads: %ld stale reads", spin, nth, bad);
-            bad = run_rounds(nth, 400, 7);
-            CHECKF(bad == 0, "spin %d, %d threads, a late thread: %ld stale reads", spin, nth, bad);
+        for (int nth = 1; nth <= 6; nth++) {
+            CHECK(run_rounds(spin, nth, ROUNDS / (nth > 2 ? 8 : 2), 0) == 0);
+            CHECK(run_rounds(spin, nth, 200, 7) == 0);
         }
     }
     mx_set_spin_us(-1);
+    mx_pool_run(3, outer, NULL);
+    CHECK(atomic_load(&inner_nth) == 1);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        CHECK(pthread_create(&th[i], NULL, caller, NULL) == 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    CHECK(atomic_load(&caller_fails) == 0);
     /* the environment's budget: a number, clamped */
     CHECK(mx_spin_us() >= 0 && mx_spin_us() <= 1000000);
     return test_summary();

@@ -36,7 +36,6 @@
  * single-token kernel, or gather (prompts, batches, whatever fused
  * declines). */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,7 +85,7 @@ typedef struct pass {
     const mx_forward_trace *trace;
     int rc;
     mx_err *e;
-    mx_barrier bar;              /* the team's barrier (spins briefly, then sleeps) */
+    mx_team team;                /* the threads' barrier and dynamic loops */
 } pass;
 
 /* A thread's own state. */
@@ -156,7 +155,7 @@ static void input_ready(pass *p, lane *ln, const float *X, int64_t cols, int gs,
     }
     mx_batch_init(&ln->batch, X, cols, p->T, cols, gs, p->batch_buf);
     mx_batch_prep(&ln->batch, t0, t1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
 }
 
 /* Y[t*ldy + r] = (l x_t)[r] + bias for every token, rows [r0, r1). */
@@ -324,7 +323,7 @@ static void attention_block(pass *p, lane *ln, int l)
     const int nmat = a->k_eq_v ? 2 : 3;
     my_rows(p, ln, a->q.rows + a->k.rows + (a->k_eq_v ? 0 : a->v.rows), &r0, &r1);
     stacked_rows(ln, p, nmat, qkv, out3, r0, r1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     /* B: k heads normed and rotated into the cache, v clipped into it;
      * q heads normed and rotated into qr (q, k, v stay as projected, so
      * the full-width norms can read whole rows) */
@@ -352,7 +351,7 @@ static void attention_block(pass *p, lane *ln, int l)
     mx_split((long)(T * nh), ln->ith, ln->nth, &i0, &i1);
     for (long i = i0; i < i1; i++)
         head_in(p, ln, l, i / nh, 0, (int)(i % nh), p->qr + i * hd);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     /* C: attention over the caches.  One token: its heads split evenly
      * (the q heads of one kv head stay together); many: (token, head)
      * items handed out as they finish, since later positions cost more */
@@ -365,10 +364,9 @@ static void attention_block(pass *p, lane *ln, int l)
                            mx_attn_start(a, pos), pos, hd, scale, ln->scores, p->att + h * hd);
             out_gate(p, a, 0, (int)h);
         }
-        mx_barrier_wait(&p->bar);
+        mx_team_sync(&p->team);
     } else {
-#pragma omp for schedule(dynamic, 1) nowait
-        for (long i = 0; i < (long)(T * nh); i++) {
+        for (long i; (i = mx_team_next(&p->team)) < (long)(T * nh);) {
             const int64_t t = i / nh;
             const int h = (int)(i % nh), kvh = h / group, pos = p->ts.pos[t];
             mx_seq *s = p->ts.seq[t];
@@ -376,7 +374,7 @@ static void attention_block(pass *p, lane *ln, int l)
                            mx_attn_start(a, pos), pos, hd, scale, ln->scores, p->att + i * hd);
             out_gate(p, a, t, h);
         }
-        mx_barrier_wait(&p->bar);
+        mx_team_sync(&p->team);
     }
     /* D: o rows */
     int64_t t0, t1;
@@ -384,7 +382,7 @@ static void attention_block(pass *p, lane *ln, int l)
     input_ready(p, ln, p->att, a->q_dim, gs_of(&a->o), t0, t1);
     my_rows(p, ln, a->o.rows, &r0, &r1);
     linear_rows(ln, p, &a->o, p->out, m->d, r0, r1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
 }
 
 /* ---- recurrent mixers ------------------------------------------------------------ */
@@ -412,7 +410,7 @@ static void deltanet_block(pass *p, lane *ln, int l)
     float *const out2[2] = {p->mix_in, p->mix_in2};
     my_rows(p, ln, qkvz_rows + ba_rows, &r0, &r1);
     stacked_rows(ln, p, 2, lin, out2, r0, r1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     /* B: conv channel c reads its value from the per-key-head grouping of
      * the projection: [q | k | v] flattened, as transformers reorders it */
     long c0, c1;
@@ -439,7 +437,7 @@ static void deltanet_block(pass *p, lane *ln, int l)
             *o = mx_silu(*o);
         }
     }
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     /* C: (run, value head) items */
     const long items = (long)p->n_runs * dn->nv;
     long i0, i1;
@@ -482,14 +480,14 @@ static void deltanet_block(pass *p, lane *ln, int l)
                 o[e] = dn->norm_w[e] * (o[e] * rr) * mx_silu(z[e]);
         }
     }
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     /* D */
     int64_t t0, t1;
     my_tokens(p, ln, &t0, &t1);
     input_ready(p, ln, p->mix_out, vd, gs_of(&dn->out), t0, t1);
     my_rows(p, ln, dn->out.rows, &r0, &r1);
     linear_rows(ln, p, &dn->out, p->out, m->d, r0, r1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
 }
 
 /* LFM2's short convolution: p->out = out_proj(C * conv(B * x)).
@@ -505,7 +503,7 @@ static void shortconv_block(pass *p, lane *ln, int l)
     int64_t r0, r1;
     my_rows(p, ln, rows, &r0, &r1);
     linear_rows(ln, p, &sc->in, p->mix_in, rows, r0, r1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     long c0, c1;
     mx_split((long)d, ln->ith, ln->nth, &c0, &c1);
     for (long c = c0; c < c1; c++) {
@@ -521,13 +519,13 @@ static void shortconv_block(pass *p, lane *ln, int l)
         for (int64_t t = 0; t < T; t++)   /* times C */
             p->mix_out[t * d + c] *= p->mix_in[t * rows + d + c];
     }
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     int64_t t0, t1;
     my_tokens(p, ln, &t0, &t1);
     input_ready(p, ln, p->mix_out, d, gs_of(&sc->out), t0, t1);
     my_rows(p, ln, sc->out.rows, &r0, &r1);
     linear_rows(ln, p, &sc->out, p->out, d, r0, r1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
 }
 
 /* ---- feed-forward -------------------------------------------------------------------- */
@@ -559,7 +557,7 @@ static void route_tokens(pass *p, lane *ln, const mx_moe_block *b, int l)
     int64_t r0, r1, t0, t1;
     my_rows(p, ln, b->router.rows + (b->shared_gated ? 1 : 0), &r0, &r1);
     stacked_rows(ln, p, b->shared_gated ? 2 : 1, rl, out, r0, r1);
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
     my_tokens(p, ln, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
         mx_moe_route(&b->rule, p->router + t * E, E, &p->routes[t]);
@@ -568,7 +566,7 @@ static void route_tokens(pass *p, lane *ln, const mx_moe_block *b, int l)
         if (trace)
             memcpy(trace + t * E, p->router + t * E, sizeof(float) * (size_t)E);
     }
-    mx_barrier_wait(&p->bar);
+    mx_team_sync(&p->team);
 }
 
 /* Runs one expert job through the path the dispatch chooses (the same
@@ -582,9 +580,9 @@ static int run_job(pass *p, lane *ln, const mx_moe_job *job, mx_vec *x, void *fu
     if (path == MX_MOE_FUSED) {
         mx_moe_plan plan;
         mx_moe_plan_of(&plan, job);
-        mx_moe_fused_team(&plan, x, fused_buf, job->out, &p->bar);
+        mx_moe_fused_team(&plan, x, fused_buf, job->out, &p->team, ln->ith);
     } else {
-        rc = mx_moe_gather_team(job, m->gather, &m->moe_arena, &p->bar, p->e);
+        rc = mx_moe_gather_team(job, m->gather, &m->moe_arena, &p->team, ln->ith, p->e);
     }
     if (!rc && count && ln->ith == 0)
         mx_moe_count(path, 1);
@@ -738,7 +736,7 @@ static void logits_block(pass *p, lane *ln)
     if (p->logits) {
         /* the last token alone, as one vector on every thread */
         if (T > 1)
-            mx_barrier_wait(&p->bar);
+            mx_team_sync(&p->team);
         const float *x = T == 1 ? ln->x : p->x + (T - 1) * d;
         mx_norm_apply(ln->xn, x, &m->final_norm, d, m->eps);
         mx_vec_init(&ln->vec, ln->xn, d, ln->vec_buf);
@@ -757,7 +755,7 @@ static void forward_pass(pass *p, lane *ln)
     const mx_model *m = p->m;
     embed_block(p, ln);
     if (p->T > 1)
-        mx_barrier_wait(&p->bar);
+        mx_team_sync(&p->team);
     int rc = MX_OK;
     for (int l = 0; l < m->n_layers && !rc; l++) {
         const mx_layer *L = &m->layers[l];
@@ -783,6 +781,21 @@ static void forward_pass(pass *p, lane *ln)
 }
 
 /* ---- one call ------------------------------------------------------------------------ */
+
+/* One thread of the pool's run: its lane, the team's size, the pass. */
+typedef struct pass_run {
+    pass *p;
+    lane *lanes;
+} pass_run;
+
+static void pass_thread(void *arg, int ith, int nth)
+{
+    pass_run *run = arg;
+    lane *ln = &run->lanes[ith];
+    ln->nth = nth;   /* the pool may give fewer threads than asked */
+    mx_team_join(&run->p->team, nth);
+    forward_pass(run->p, ln);
+}
 
 /* Bytes of a buffer carved from the arena: counted when a is NULL (the
  * sizing pass), taken otherwise. */
@@ -945,18 +958,9 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
             mx_rope_table(cs + t * ro->dims, ro, ts->pos[t], longf);
         p.rope[r] = cs;
     }
-    mx_barrier_init(&p.bar);
-#pragma omp parallel num_threads(nth)
-    {
-        /* the team may be smaller than asked (a region inside another) */
-        lane *ln = &lanes[omp_get_thread_num()];
-        ln->nth = omp_get_num_threads();
-        mx_barrier_join(&p.bar, ln->nth);
-        forward_pass(&p, ln);
-        /* everyone leaves together, so the region's own closing barrier
-         * (OpenMP's, which spins for milliseconds) finds the team there */
-        mx_barrier_wait(&p.bar);
-    }
+    mx_team_init(&p.team);
+    pass_run run = {&p, lanes};
+    mx_pool_run(nth, pass_thread, &run);
     return p.rc;
 }
 

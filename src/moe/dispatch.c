@@ -5,7 +5,6 @@
  * builds a job for every FFN block and asks mx_moe_choose; the fused
  * kernel only answers whether it can take a set of weights
  * (mx_moe_fused_takes). */
-#include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -116,41 +115,55 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static mx_arena g_arena = MX_ARENA_INIT;
 static mx_moe_gather_state *g_state;
 
+/* One standalone run on the pool: the job, the path's buffers, the team. */
+typedef struct standalone {
+    const mx_moe_job *j;
+    mx_moe_plan plan;              /* fused */
+    void *buf;
+    unsigned char *xbuf;           /* fused: each thread's prepared x */
+    size_t xb;
+    mx_team team;
+    int rc;                        /* gather: thread 0's code (every thread's) */
+    mx_err *e;
+} standalone;
+
+static void fused_thread(void *arg, int ith, int nth)
+{
+    standalone *r = arg;
+    mx_team_join(&r->team, nth);
+    mx_vec xv;
+    mx_vec_init(&xv, r->j->x, r->j->d_model, r->xbuf + r->xb * (size_t)ith);
+    mx_moe_fused_team(&r->plan, &xv, r->buf, r->j->out, &r->team, ith);
+}
+
+static void gather_thread(void *arg, int ith, int nth)
+{
+    standalone *r = arg;
+    mx_team_join(&r->team, nth);
+    int rc = mx_moe_gather_team(r->j, g_state, &g_arena, &r->team, ith, r->e);
+    if (ith == 0)
+        r->rc = rc;
+}
+
 static int run_locked(const mx_moe_job *j, mx_moe_path path, mx_err *e)
 {
     const int nth = mx_threads();
-    int rc = MX_OK;
+    standalone r = {.j = j, .e = e};
+    mx_team_init(&r.team);
     if (path == MX_MOE_FUSED) {
-        mx_moe_plan p;
-        mx_moe_plan_of(&p, j);
-        const size_t xb = mx_align64(mx_vec_bytes(j->d_model));
-        if (mx_arena_reserve(&g_arena, mx_moe_fused_bytes(&p, nth) + (size_t)nth * xb))
+        mx_moe_plan_of(&r.plan, j);
+        r.xb = mx_align64(mx_vec_bytes(j->d_model));
+        if (mx_arena_reserve(&g_arena, mx_moe_fused_bytes(&r.plan, nth) + (size_t)nth * r.xb))
             return mx_fail(e, MX_ENOMEM, "moe fused: out of memory");
-        void *buf = mx_arena_take(&g_arena, mx_moe_fused_bytes(&p, nth));
-        unsigned char *xbuf = mx_arena_take(&g_arena, (size_t)nth * xb);
-        mx_barrier bar;
-        mx_barrier_init(&bar);
-#pragma omp parallel num_threads(nth)
-        {
-            mx_barrier_join(&bar, omp_get_num_threads());
-            mx_vec xv;
-            mx_vec_init(&xv, j->x, j->d_model, xbuf + xb * (size_t)omp_get_thread_num());
-            mx_moe_fused_team(&p, &xv, buf, j->out, &bar);
-        }
+        r.buf = mx_arena_take(&g_arena, mx_moe_fused_bytes(&r.plan, nth));
+        r.xbuf = mx_arena_take(&g_arena, (size_t)nth * r.xb);
+        mx_pool_run(nth, fused_thread, &r);
         return MX_OK;
     }
     if (!g_state && !(g_state = mx_moe_gather_state_new()))
         return mx_fail(e, MX_ENOMEM, "moe gather: out of memory");
-    mx_barrier bar;
-    mx_barrier_init(&bar);
-#pragma omp parallel num_threads(nth)
-    {
-        mx_barrier_join(&bar, omp_get_num_threads());
-        int r = mx_moe_gather_team(j, g_state, &g_arena, &bar, e);
-#pragma omp master
-        rc = r;
-    }
-    return rc;
+    mx_pool_run(nth, gather_thread, &r);
+    return r.rc;
 }
 
 static int run_path(const mx_moe_job *j, mx_moe_path path, mx_err *e)

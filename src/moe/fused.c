@@ -15,7 +15,6 @@
  * whatever k is.  Each thread prepares x (once per group size, inside its
  * mx_vec) and each h_j itself: a shared copy would cost one more barrier,
  * which stalls when a core is busy elsewhere. */
-#include <omp.h>
 #include <string.h>
 
 #include "moe/moe.h"
@@ -120,9 +119,10 @@ static void phase2(const mx_moe_plan *p, mx_vec *hv, float *row, float *out, int
     }
 }
 
-void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, mx_barrier *bar)
+void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, mx_team *team,
+                       int ith)
 {
-    const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+    const int nth = atomic_load_explicit(&team->n, memory_order_relaxed);
     const size_t hb = mx_align64((size_t)p->off[p->n] * sizeof(float));
     unsigned char *base = buf;
     float *h = (float *)(void *)base, *u = (float *)(void *)(base + hb);
@@ -135,7 +135,7 @@ void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, m
     long lo, hi;
     mx_split((long)p->off[p->n], ith, nth, &lo, &hi);
     phase1(p, x, h, u, lo, hi);
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
     for (int j = 0; j < p->n; j++) {
         const int64_t ff = p->off[j + 1] - p->off[j];
         mx_vec_init(&hv[j], h + p->off[j], ff, mine);
@@ -143,5 +143,5 @@ void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, m
     }
     mx_split((long)p->d_model, ith, nth, &lo, &hi);
     phase2(p, hv, row, out, lo, hi);
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
 }

@@ -15,7 +15,6 @@
  *      (routed experts as ranked, then the extras)
  * A batch of a few tokens runs the matvec kernel over each weight line once
  * for all of them; a large one the prefill (tile) kernel (quant/batch.c). */
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,28 +209,25 @@ static int group_of(const group *grp, int ng, int64_t it, int down)
 }
 
 int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *arena,
-                       mx_barrier *bar, mx_err *e)
+                       mx_team *team, int ith, mx_err *e)
 {
     const int64_t D = j->d_model;
-#pragma omp single nowait
-    {
+    if (ith == 0) {
         st->rc = setup(j, st, arena);
         if (st->rc)
             mx_fail(e, st->rc, "moe gather: out of memory for %lld tokens", (long long)j->T);
     }
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
     if (st->rc)
         return st->rc;
     group *grp = st->grp;
     const int ng = st->ng;
     /* 1: prepare each group's x rows */
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t it = 0; it < st->n_tok_items; it++)
+    for (int64_t it; (it = mx_team_next(team)) < st->n_tok_items;)
         prep_item(grp, it, 0);
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
     /* 2: gate and up rows, h = act(g) * u (h overwrites g) */
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t it = 0; it < st->n_f_items; it++) {
+    for (int64_t it; (it = mx_team_next(team)) < st->n_f_items;) {
         const group *G = &grp[group_of(grp, ng, it, 0)];
         const int64_t F = G->F, r0 = (it - G->item_f) * G->chunk,
                       r1 = r0 + G->chunk < F ? r0 + G->chunk : F;
@@ -242,23 +238,22 @@ int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *a
             for (int64_t r = r0; r < r1; r++)
                 gg[t * F + r] = mx_glu(j->act, gg[t * F + r], uu[t * F + r]);
     }
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
     /* 3: prepare each group's h rows */
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t it = 0; it < st->n_tok_items; it++)
+    for (int64_t it; (it = mx_team_next(team)) < st->n_tok_items;)
         prep_item(grp, it, 1);
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
     /* 4: down rows */
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t it = 0; it < st->n_d_items; it++) {
+    for (int64_t it; (it = mx_team_next(team)) < st->n_d_items;) {
         const group *G = &grp[group_of(grp, ng, it, 1)];
         const int64_t r0 = (it - G->item_d) * G->chunk, r1 = r0 + G->chunk < D ? r0 + G->chunk : D;
         mx_linear_rows_batch(G->down, &G->bh, st->y + G->off * D, D, r0, r1);
     }
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
     /* 5: each token's weighted sum over its slots, in job order */
-#pragma omp for schedule(static) nowait
-    for (int64_t t = 0; t < j->T; t++) {
+    long t0, t1;
+    mx_split((long)j->T, ith, atomic_load_explicit(&team->n, memory_order_relaxed), &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
         float *o = j->out + t * D;
         memset(o, 0, sizeof *o * (size_t)D);
         for (int64_t i = st->tbase[t]; i < st->tbase[t + 1]; i++) {
@@ -268,6 +263,6 @@ int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *a
                 o[d] += w * ys[d];
         }
     }
-    mx_barrier_wait(bar);
+    mx_team_sync(team);
     return MX_OK;
 }

@@ -183,9 +183,10 @@ size_t mx_moe_fused_bytes_max(int64_t d_model, int k, int64_t d_ff, const int64_
  * calls it with the same plan (each may hold its own copy), its own x
  * (the same values), and the same buf of mx_moe_fused_bytes(p, nth) bytes.
  * out [d_model] is shared and complete when every thread has returned
- * (the function ends with a barrier).  bar: the team's barrier, joined
- * by every thread. */
-void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, mx_barrier *bar);
+ * (the function ends with a barrier).  team: the run's team (joined by
+ * every thread; its size is the thread count), ith this thread's index. */
+void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, mx_team *team,
+                       int ith);
 
 /* ---- the gather path (gather.c) -------------------------------------------- */
 
@@ -198,10 +199,10 @@ void mx_moe_gather_state_free(mx_moe_gather_state *s);
 
 /* Runs the job; every thread of the team calls it with the same job, state
  * and arena.  Returns MX_OK or MX_ENOMEM (e set on the thread that found
- * it; every thread returns the same code).  Ends with a barrier; bar is
- * the team's, joined by every thread. */
+ * it; every thread returns the same code).  Ends with a barrier; team is
+ * the run's (joined by every thread), ith this thread's index. */
 int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *arena,
-                       mx_barrier *bar, mx_err *e);
+                       mx_team *team, int ith, mx_err *e);
 
 /* ---- standalone (own parallel region; tests, benchmarks) ------------------ */
 

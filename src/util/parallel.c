@@ -3,7 +3,7 @@
 
 #include <limits.h>
 #include <linux/futex.h>
-#include <omp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -52,7 +52,7 @@ long mx_env_long(const char *name, long dflt)
     return *end ? dflt : n;
 }
 
-/* ---- the spin-then-sleep barrier ------------------------------------------ */
+/* ---- waiting: spin, then sleep ------------------------------------------- */
 
 static _Atomic int g_spin_us = -1;
 
@@ -60,27 +60,16 @@ void mx_set_spin_us(int us) { atomic_store_explicit(&g_spin_us, us < 0 ? -1 : us
 
 int mx_spin_us(void)
 {
-    _Atomic int *cached = &g_spin_us;
-    int v = atomic_load_explicit(cached, memory_order_relaxed);
+    int v = atomic_load_explicit(&g_spin_us, memory_order_relaxed);
     if (v < 0) {
-        long us = mx_env_long("MLXCEL_SPIN_US", 100);
+        long us = mx_env_long("MLXCEL_SPIN_US", 20);
         v = us < 0 ? 0 : us > 1000000 ? 1000000 : (int)us;
-        atomic_store_explicit(cached, v, memory_order_relaxed);
+        atomic_store_explicit(&g_spin_us, v, memory_order_relaxed);
     }
     return v;
 }
 
 _Static_assert(sizeof(_Atomic unsigned) == sizeof(uint32_t), "the futex word is 32 bits");
-
-void mx_barrier_init(mx_barrier *b)
-{
-    atomic_init(&b->arrived, 0);
-    atomic_init(&b->gen, 0);
-    atomic_init(&b->sleepers, 0);
-    atomic_init(&b->n, 1);
-}
-
-void mx_barrier_join(mx_barrier *b, int n) { atomic_store_explicit(&b->n, n, memory_order_relaxed); }
 
 static inline void cpu_relax(void)
 {
@@ -91,39 +80,177 @@ static inline void cpu_relax(void)
 #endif
 }
 
-void mx_barrier_wait(mx_barrier *b)
+static void futex_wait(_Atomic unsigned *w, unsigned v)
 {
-    const unsigned n = (unsigned)atomic_load_explicit(&b->n, memory_order_relaxed);
-    if (n <= 1)
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic unsigned *w)
+{
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Returns once *w != v: spins for the budget, then sleeps.  The waker
+ * changes *w, then reads *sleepers; this thread counts itself in *sleepers,
+ * then reads *w (all seq_cst), so one of them sees the other, and the
+ * futex refuses to sleep on a word that moved.  Acquire on return. */
+static void wait_while(_Atomic unsigned *w, unsigned v, _Atomic int *sleepers)
+{
+    if (atomic_load_explicit(w, memory_order_acquire) != v)
         return;
-    /* the round this thread is in: it cannot end before this thread arrives */
-    const unsigned g = atomic_load_explicit(&b->gen, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == n - 1) {
-        /* the last one: reset for the next round, then release the others
-         * (the release publishes the reset and everything written before
-         * every thread's arrival, which the acq_rel additions collected) */
-        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
-        atomic_fetch_add(&b->gen, 1);   /* seq_cst: ordered before the sleepers check */
-        if (atomic_load(&b->sleepers) > 0)
-            syscall(SYS_futex, (uint32_t *)&b->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-        return;
-    }
     const int budget = mx_spin_us();
     if (budget > 0) {
         const double deadline = mx_now() + budget * 1e-6;
         for (unsigned i = 1;; i++) {
-            if (atomic_load_explicit(&b->gen, memory_order_acquire) != g)
+            if (atomic_load_explicit(w, memory_order_acquire) != v)
                 return;
             cpu_relax();
             if (!(i & 63) && mx_now() > deadline)
                 break;
         }
     }
-    /* sleep: the waker bumps gen then reads sleepers; this thread counts
-     * itself then reads gen (both seq_cst), so one of them sees the other,
-     * and the futex itself refuses to sleep on a gen that moved */
-    atomic_fetch_add(&b->sleepers, 1);
-    while (atomic_load(&b->gen) == g)
-        syscall(SYS_futex, (uint32_t *)&b->gen, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
-    atomic_fetch_sub(&b->sleepers, 1);
+    atomic_fetch_add(sleepers, 1);
+    while (atomic_load(w) == v)
+        futex_wait(w, v);
+    atomic_fetch_sub(sleepers, 1);
+}
+
+/* After changing *w (seq_cst): wakes its sleepers, if any. */
+static void wake(_Atomic unsigned *w, _Atomic int *sleepers)
+{
+    if (atomic_load(sleepers) > 0)
+        futex_wake_all(w);
+}
+
+/* ---- the team barrier ------------------------------------------------------ */
+
+void mx_team_init(mx_team *t)
+{
+    atomic_init(&t->arrived, 0);
+    atomic_init(&t->gen, 0);
+    atomic_init(&t->sleepers, 0);
+    atomic_init(&t->n, 1);
+    atomic_init(&t->next, 0);
+}
+
+void mx_team_join(mx_team *t, int n) { atomic_store_explicit(&t->n, n, memory_order_relaxed); }
+
+void mx_team_sync(mx_team *t)
+{
+    const unsigned n = (unsigned)atomic_load_explicit(&t->n, memory_order_relaxed);
+    if (n <= 1) {
+        atomic_store_explicit(&t->next, 0, memory_order_relaxed);
+        return;
+    }
+    /* the round this thread is in: it cannot end before this thread arrives */
+    const unsigned g = atomic_load_explicit(&t->gen, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&t->arrived, 1, memory_order_acq_rel) == n - 1) {
+        /* the last one: every member has left the loop before this
+         * barrier, so its counter restarts; then the release (it publishes
+         * the resets and what every member wrote before arriving, which the
+         * acq_rel additions collected) */
+        atomic_store_explicit(&t->next, 0, memory_order_relaxed);
+        atomic_store_explicit(&t->arrived, 0, memory_order_relaxed);
+        atomic_fetch_add(&t->gen, 1);
+        wake(&t->gen, &t->sleepers);
+        return;
+    }
+    wait_while(&t->gen, g, &t->sleepers);
+}
+
+/* ---- the pool -------------------------------------------------------------- */
+
+enum { POOL_MAX = 256 };
+
+/* A worker waits on its own word, so a run wakes only the threads it
+ * uses; the run's fields are written before the word is bumped and stay
+ * until the worker has counted itself in `done`. */
+typedef struct pool_worker {
+    pthread_t th;
+    int ith;
+    _Atomic unsigned job;          /* runs posted to this worker; futex word */
+    _Atomic int sleepers;
+    mx_pool_fn fn;
+    void *arg;
+    int nth;
+} pool_worker;
+
+/* One run at a time (the lock). */
+static struct {
+    pthread_mutex_t lock;
+    pool_worker *w;                /* workers 1 .. n_workers */
+    int n_workers;
+    _Atomic unsigned done;         /* workers finished with the current run; futex word */
+    _Atomic int done_sleepers;
+} g_pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local int tl_in_run;   /* this thread is inside a run */
+
+static void *pool_main(void *p)
+{
+    pool_worker *me = p;
+    unsigned seen = 0;
+    tl_in_run = 1;
+    for (;;) {
+        wait_while(&me->job, seen, &me->sleepers);
+        seen++;   /* one post per run, and the next only after this one is done */
+        me->fn(me->arg, me->ith, me->nth);
+        atomic_fetch_add(&g_pool.done, 1);
+        wake(&g_pool.done, &g_pool.done_sleepers);
+    }
+    return NULL;
+}
+
+/* Grows the pool to n workers (under the lock, between runs); returns how
+ * many there are. */
+static int pool_grow(int n)
+{
+    if (n <= g_pool.n_workers)
+        return g_pool.n_workers;
+    if (!g_pool.w) {
+        g_pool.w = calloc(POOL_MAX, sizeof *g_pool.w);
+        if (!g_pool.w)
+            return 0;
+    }
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    while (g_pool.n_workers < n && g_pool.n_workers < POOL_MAX - 1) {
+        pool_worker *w = &g_pool.w[g_pool.n_workers + 1];
+        w->ith = g_pool.n_workers + 1;
+        atomic_init(&w->job, 0);
+        atomic_init(&w->sleepers, 0);
+        if (pthread_create(&w->th, &at, pool_main, w) != 0)
+            break;
+        g_pool.n_workers++;
+    }
+    pthread_attr_destroy(&at);
+    return g_pool.n_workers;
+}
+
+void mx_pool_run(int nth, mx_pool_fn fn, void *arg)
+{
+    if (nth <= 1 || tl_in_run) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&g_pool.lock);
+    const int workers = pool_grow(nth - 1);
+    if (workers < nth - 1)
+        nth = workers + 1;
+    atomic_store(&g_pool.done, 0);
+    for (int i = 1; i < nth; i++) {
+        pool_worker *w = &g_pool.w[i];
+        w->fn = fn;
+        w->arg = arg;
+        w->nth = nth;
+        atomic_fetch_add(&w->job, 1);
+        wake(&w->job, &w->sleepers);
+    }
+    tl_in_run = 1;
+    fn(arg, 0, nth);
+    tl_in_run = 0;
+    for (unsigned d; (d = atomic_load_explicit(&g_pool.done, memory_order_acquire)) != (unsigned)(nth - 1);)
+        wait_while(&g_pool.done, d, &g_pool.done_sleepers);
+    pthread_mutex_unlock(&g_pool.lock);
 }

@@ -17,29 +17,56 @@ static inline void mx_split(long n, int ith, int nth, long *lo, long *hi)
     *hi = *lo + base + (ith < rem ? 1 : 0);
 }
 
-/* A barrier for the threads of one parallel region that spins briefly, then
- * sleeps.  OpenMP's own barrier (libgomp) spins for ~300000 pause
- * instructions (milliseconds) before sleeping, and its policy is fixed when
- * the program starts: on a machine where another process wants the same
- * cores, the thread that arrived first burns the CPU its late partner needs
- * to get there, which made decode several times slower.  This one spins for
- * MLXCEL_SPIN_US microseconds (default 100: longer than the waits of a
- * balanced pass, shorter than a scheduler time slice), then waits on a
- * futex, so the CPU goes to whoever can use it.
+/* Teams of threads for the forward pass.
  *
- * The team size is set by every member before its first wait (all write
- * the same number); the barrier is reusable without reinitialisation. */
-typedef struct mx_barrier {
+ * The pass runs on a pool of persistent threads with its own barrier, not on
+ * OpenMP's: libgomp's threads spin for ~300000 pause instructions
+ * (milliseconds) before they sleep, at every barrier and between parallel
+ * regions, and its policy is fixed when the program starts.  On a machine
+ * where another process wants the same cores, the thread that waits burns
+ * the CPU its late partner or the thread with work needs; decode was
+ * measured 5.6x slower on 2 cores beside one busy process (and the demo
+ * model over 100x).  Here every wait spins for MLXCEL_SPIN_US microseconds,
+ * then sleeps on a futex, so the CPU goes to whoever can use it.  The
+ * default, 20, keeps a quiet machine's speed (the waits of a balanced pass
+ * are shorter) while a preempted partner costs little; 100 made the
+ * demo model 9.6x slower beside a busy process, 20 2.7x, 0 1.4x but 1.4x
+ * slower alone (docs/benchmarks.md).  Other code keeps using OpenMP (its
+ * regions are not on the decode path). */
+
+/* What the threads of one run share: a barrier (reusable; the team size is
+ * set by each member with mx_team_join before its first sync) and the item
+ * counter of a dynamic loop, reset by every barrier. */
+typedef struct mx_team {
     _Atomic unsigned arrived;      /* threads in the current round */
     _Atomic unsigned gen;          /* rounds completed; futex word */
     _Atomic int sleepers;          /* threads waiting on the futex */
     _Atomic int n;                 /* team size */
-} mx_barrier;
+    _Atomic long next;             /* the dynamic loop's next item */
+} mx_team;
 
-void mx_barrier_init(mx_barrier *b);
-/* Called by each member with the team size before its first wait. */
-void mx_barrier_join(mx_barrier *b, int n);
-void mx_barrier_wait(mx_barrier *b);
+void mx_team_init(mx_team *t);
+/* Called by each member with the team size before its first sync. */
+void mx_team_join(mx_team *t, int n);
+/* The barrier: returns when every member has called it this round;
+ * everything written before by any member is then visible. */
+void mx_team_sync(mx_team *t);
+/* A dynamic loop's next item (0, 1, 2, ...): the members share the items of
+ * the loop that starts after one sync and ends before the next (at most
+ * one such loop between two syncs). */
+static inline long mx_team_next(mx_team *t)
+{
+    return atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+}
+
+/* Runs fn(arg, ith, nth) for ith = 0 .. nth-1 on the pool's threads (the
+ * caller is thread 0) and returns when all have returned.  nth may come
+ * out smaller than asked (threads that could not be created; a call from
+ * inside a run gets 1); fn is told the real count.  Runs from several
+ * threads take turns. */
+typedef void (*mx_pool_fn)(void *arg, int ith, int nth);
+void mx_pool_run(int nth, mx_pool_fn fn, void *arg);
+
 /* The spin budget in microseconds (MLXCEL_SPIN_US, read once); the setter
  * overrides it (us < 0: back to the environment's). */
 int mx_spin_us(void);
