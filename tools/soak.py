@@ -73,16 +73,21 @@ class Server:
         raise SystemExit("soak: the server did not become healthy in 120 s")
 
     def sample(self):
-        """(rss bytes, threads, open fds) of the server process."""
+        """(rss, threads, open fds, anonymous rss) of the server process.
+        RSS counts the mmap'ed weights' pages as they are first read (an
+        expert routed to for the first time late in a run adds its pages);
+        the anonymous part is what a leak would grow."""
         pid = self.proc.pid
-        rss = threads = 0
+        rss = threads = anon = 0
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     rss = int(line.split()[1]) * 1024
+                elif line.startswith("RssAnon:"):
+                    anon = int(line.split()[1]) * 1024
                 elif line.startswith("Threads:"):
                     threads = int(line.split()[1])
-        return rss, threads, len(os.listdir(f"/proc/{pid}/fd"))
+        return rss, threads, len(os.listdir(f"/proc/{pid}/fd")), anon
 
     def stop(self):
         """SIGTERM, then the exit status (None when it had to be killed)."""
@@ -290,7 +295,8 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "mlxcel"))
     ap.add_argument("-m", "--model", default=os.path.join(ROOT, "models", "kjv-moe"))
     ap.add_argument("--duration", type=float, default=600, help="seconds of load (default 600)")
-    ap.add_argument("--warmup", type=float, default=None, help="seconds before the warm RSS (default: 10%% of the run, at most 300)")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="seconds before the warm RSS (default: a quarter of the run, at most 900)")
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--parallel", type=int, default=2, help="server slots (default 2)")
     ap.add_argument("--ctx", type=int, default=512, help="context per slot (default 512)")
@@ -302,7 +308,9 @@ def main():
     ap.add_argument("--log", help="the server's stderr goes here")
     ap.add_argument("--json", help="also write the report as JSON here")
     args = ap.parse_args()
-    warmup = args.warmup if args.warmup is not None else min(300.0, args.duration / 10)
+    # slots' KV caches and the weights' pages become resident as they are
+    # first used: a quarter of the run lets the load touch them
+    warmup = args.warmup if args.warmup is not None else min(900.0, args.duration / 4)
 
     srv = Server(args)
     samples = [(0.0,) + srv.sample()]
@@ -322,7 +330,7 @@ def main():
         samples.append(s)
         if warm is None and now >= warmup:
             warm = s
-        print(f"soak: {now:7.0f} s  rss {s[1] / 2**20:7.1f} MiB  threads {s[2]:3d}  fds {s[3]:3d}  "
+        print(f"soak: {now:7.0f} s  rss {s[1] / 2**20:7.1f} MiB (anon {s[4] / 2**20:.1f})  threads {s[2]:3d}  fds {s[3]:3d}  "
               f"requests {sum(t['n'] for t in stats.by_type.values())}", file=sys.stderr, flush=True)
     for w in workers:
         w.join()
@@ -333,6 +341,7 @@ def main():
     exit_status = srv.stop()
 
     growth = 100.0 * (end[1] - warm[1]) / warm[1]
+    anon_growth = 100.0 * (end[4] - warm[4]) / warm[4] if warm[4] else 0.0
     types = {}
     unexpected = malformed = 0
     for k, t in sorted(stats.by_type.items()):
@@ -346,6 +355,9 @@ def main():
         "requests": sum(t["requests"] for t in types.values()), "types": types,
         "rss_start_bytes": samples[0][1], "rss_warm_bytes": warm[1], "rss_end_bytes": end[1],
         "rss_max_bytes": max(s[1] for s in samples), "rss_growth_after_warmup_pct": growth,
+        "anon_start_bytes": samples[0][4], "anon_warm_bytes": warm[4], "anon_end_bytes": end[4],
+        "anon_growth_after_warmup_pct": anon_growth, "warmup_s": warm[0],
+        "rss_series": [[round(x[0]), x[1], x[4]] for x in samples],
         "threads_start_end": [samples[0][2], end[2]], "fds_start_end": [samples[0][3], end[3]],
         "threads_max": max(s[2] for s in samples), "fds_max": max(s[3] for s in samples),
         "greedy_same": before == after, "unexpected_status": unexpected, "malformed": malformed,
@@ -366,6 +378,8 @@ def main():
         print(f"| {k} | {t['requests']} | {codes} | {t['p50_ms']:.0f} | {t['p99_ms']:.0f} | {t['malformed']} |")
     print(f"RSS: start {samples[0][1] / 2**20:.1f} MiB, after warm-up ({warm[0]:.0f} s) {warm[1] / 2**20:.1f} MiB, "
           f"end {end[1] / 2**20:.1f} MiB ({growth:+.2f} % after warm-up), max {report['rss_max_bytes'] / 2**20:.1f} MiB")
+    print(f"anonymous RSS (heap, KV caches): start {samples[0][4] / 2**20:.1f} MiB, after warm-up {warm[4] / 2**20:.1f} MiB, "
+          f"end {end[4] / 2**20:.1f} MiB ({anon_growth:+.2f} %)")
     print(f"threads start/end/max {samples[0][2]}/{end[2]}/{report['threads_max']}, "
           f"open fds start/end/max {samples[0][3]}/{end[3]}/{report['fds_max']}")
     print(f"temperature-0 answers before and after: {'same' if before == after else 'DIFFERENT'}; "
