@@ -2,7 +2,9 @@
 # Builds the libFuzzer targets (clang, ASan/UBSan, the library instrumented
 # too) and runs each for a bounded time, one after another.
 #   scripts/fuzz.sh [seconds-per-target] [target...]   (default 30, all targets)
-# Environment: MLXCEL_FUZZ_BUILD (build folder, default build-fuzz),
+# Environment: MLXCEL_FUZZ_RUNS=N runs N inputs per target with a fixed
+# seed (the same inputs every time, as CI needs; the seconds stay a cap),
+# MLXCEL_FUZZ_BUILD (build folder, default build-fuzz),
 # MLXCEL_FIXTURES (reference fixtures: more seeds and tokenizers; default
 # ../shared/fixtures when it exists).  Corpora live under
 # <build>/corpus/<target>, seeded by fuzz/seeds.py and kept between runs.
@@ -29,6 +31,8 @@ cmake --build "$B" -j "$(nproc)" --target "${targets[@]}"
 mkdir -p "$B/artifacts"
 python3 fuzz/seeds.py "$B"
 
+limit=()
+[ -n "${MLXCEL_FUZZ_RUNS:-}" ] && limit=(-runs="$MLXCEL_FUZZ_RUNS" -seed=1)
 rc=0
 for t in "${targets[@]}"; do
   dict=()
@@ -37,7 +41,7 @@ for t in "${targets[@]}"; do
   echo "fuzz: $t for ${secs}s" >&2
   # -timeout: an input that takes over 10 s is a hang (a finding);
   # -rss_limit_mb: the Jinja engine may use up to 512 MB for one render.
-  if ! "$B/$t" "$B/corpus/$t" "${dict[@]}" -max_total_time="$secs" -max_len=65536 \
+  if ! "$B/$t" "$B/corpus/$t" "${dict[@]}" "${limit[@]}" -max_total_time="$secs" -max_len=65536 \
        -timeout=10 -rss_limit_mb=4096 -artifact_prefix="$B/artifacts/$t-" \
        -print_final_stats=1 2> "$B/$t.log"; then
     echo "fuzz: $t FAILED; see $B/$t.log and $B/artifacts/" >&2

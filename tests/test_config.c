@@ -353,8 +353,26 @@ static void test_fixtures_configs(const char *fx)
     mx_config_free(&c);
 }
 
+/* text_config's quantization block replaces the top level's (found by
+ * fuzz_config: the overrides of both were mixed and half of them unset). */
+static void test_text_config_quant(void)
+{
+    const char *j = "{\"model_type\":\"qwen3_vl_moe\",\"quantization\":{\"bits\":4,\"group_size\":64,"
+                    "\"a.gate\":{\"bits\":8}},\"text_config\":{\"quantization\":{\"bits\":4,"
+                    "\"group_size\":32,\"b.gate\":{\"bits\":8},\"c.gate\":{\"bits\":6}}}}";
+    mx_config c;
+    mx_err e = {0};
+    CHECK_OK(mx_config_parse(j, "t/config.json", &c, &e), &e);
+    int bits = 0, gs = 0;
+    CHECK(c.quant.n_overrides == 2);
+    CHECK(mx_quant_for(&c.quant, "c.gate", &bits, &gs) && bits == 6 && gs == 32);
+    CHECK(mx_quant_for(&c.quant, "a.gate", &bits, &gs) && bits == 4 && gs == 32);
+    mx_config_free(&c);
+}
+
 int main(void)
 {
+    test_text_config_quant();
     test_defaults();
     test_inline();
     test_errors();

@@ -315,6 +315,13 @@ static int get_quant(const cJSON *o, const char *path, mx_quant_config *q, mx_er
     if (rc)
         return rc;
     q->present = 1;
+    /* text_config's block replaces the top level's (parse_fields runs on
+     * both): drop the overrides read before */
+    for (int i = 0; i < q->n_overrides; i++)
+        free(q->overrides[i].module);
+    free(q->overrides);
+    q->overrides = NULL;
+    q->n_overrides = 0;
     int cap = cJSON_GetArraySize(qb);
     q->overrides = calloc((size_t)(cap ? cap : 1), sizeof *q->overrides);
     if (!q->overrides)
