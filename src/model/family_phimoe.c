@@ -2,8 +2,6 @@
  * q/k/v/o and lm_head with bias, LongRoPE (short and long factors and
  * scales by sequence length), sparsemixer top-2 routing as transformers
  * computes it at inference (not mlx-lm's softmax over the top 2). */
-#include <math.h>
-
 #include <cjson/cJSON.h>
 
 #include "model/family.h"
@@ -50,9 +48,9 @@ static void synth_config(const mx_preset *p, cJSON *c)
     cJSON_AddBoolToObject(c, "lm_head_bias", p->lm_head_bias);
     cJSON_AddNullToObject(c, "sliding_window");
     cJSON_AddNumberToObject(c, "original_max_position_embeddings", ORIG_MAX);
-    /* the scales transformers derives: sqrt(1 + ln(max / orig) / ln(orig)) */
-    const double ratio = (double)p->max_position / ORIG_MAX;
-    const double mscale = ratio > 1 ? sqrt(1 + log(ratio) / log((double)ORIG_MAX)) : 1.0;
+    /* the scales Phi-3.5-MoE's config gives (not transformers' default
+     * sqrt(1 + ln(max / orig) / ln(orig)), which would be 1.19) */
+    const double mscale = 1.243163121016122;
     cJSON *r = cJSON_AddObjectToObject(c, "rope_scaling");
     cJSON_AddStringToObject(r, "type", "longrope");
     cJSON_AddItemToObject(r, "short_factor", factors(p->head_dim / 2, 1.6));
