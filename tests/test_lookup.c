@@ -78,10 +78,12 @@ static void test_choose(void)
     mx_lookup_record(&lk, 1, 1.0, 0, 0, 0);
     CHECK(mx_lookup_choose(&lk, 2, 15) == 1);     /* nothing beyond one token timed: measure two */
 
-    /* a call of two tokens as dear as one: sizes up to 4 are guessed along
-     * the chord (as dear as one too), 5 is too far.  Rates with nothing
-     * recorded: 1/2 each, so 1.5, 1.75, 1.875 tokens per second for k = 1,
-     * 2, 3 against 1 for a plain step: k = 3 */
+    /* a call of two tokens as dear as one: sizes 3 and 4 are guessed as
+     * dear as two, 5 is too far.  Rates with nothing recorded: 1/2 each,
+     * so 1.5, 1.75, 1.875 tokens per second for k = 1, 2, 3 against 1 for
+     * a plain step: k = 3 */
+    mx_lookup_record(&lk, 2, 1.0, 2, 0, 0);
+    CHECK(mx_lookup_choose(&lk, 2, 15) == 1);     /* timed once: once more */
     mx_lookup_record(&lk, 2, 1.0, 2, 0, 0);
     CHECK(mx_lookup_choose(&lk, 2, 15) == 3);
 
@@ -90,7 +92,8 @@ static void test_choose(void)
      * passed over drafts one token, then the 128th ... up to every 1024th */
     mx_lookup_init(&lk, 15, 0);
     for (int T = 1; T <= MX_LOOKUP_MAX + 1; T++)
-        mx_lookup_record(&lk, T, (double)T, 0, 0, 0);
+        for (int i = 0; i < 2; i++)
+            mx_lookup_record(&lk, T, (double)T, 0, 0, 0);
     for (int probe = 64; probe <= 2048; probe *= 2) {
         int zeros = 0;
         while (zeros < 5000 && mx_lookup_choose(&lk, 3, 15) == 0)
@@ -104,7 +107,9 @@ static void test_choose(void)
      * nothing (p0 = 1/(n+2) -> rate (1 + p0 ...) / 1.1 < 1) */
     mx_lookup_init(&lk, 15, 0);
     for (int T = 1; T <= MX_LOOKUP_MAX + 1; T++)
-        mx_lookup_record(&lk, T, 1 + 0.1 * (T - 1), 0, 0, 0);
+        for (int i = 0; i < 2; i++)
+            mx_lookup_record(&lk, T, 1 + 0.1 * (T - 1), 0, 0, 0);
+
     for (int i = 0; i < 30; i++) {
         mx_lookup_record(&lk, 16, 0, 4, 15, 15);   /* (no time: the costs stay) */
         mx_lookup_record(&lk, 2, 0, 1, 1, 0);
@@ -112,6 +117,33 @@ static void test_choose(void)
     CHECK(mx_lookup_choose(&lk, 4, 15) == 15);
     CHECK(mx_lookup_choose(&lk, 4, 7) == 7);
     CHECK(mx_lookup_choose(&lk, 1, 15) == 0);
+
+    /* two tokens 2 s, one 1 s: a draft of one never pays (1 + p < 2); three
+     * and four tokens are guessed at 2 s, so a draft of three pays when
+     * 1 + p0 + p0 p1 + p0 p1 p2 > 2: with every draft token accepted so far
+     * it is tried; timed at 8 s it is not tried again, and five to eight
+     * stay unguessed (-1): nothing is drafted */
+    mx_lookup_init(&lk, 15, 0);
+    mx_lookup_record(&lk, 1, 1.0, 0, 0, 0);
+    for (int i = 0; i < 2; i++)
+        mx_lookup_record(&lk, 2, 2.0, 0, 0, 0);
+    for (int i = 0; i < 20; i++)
+        mx_lookup_record(&lk, 0, 0, 4, 3, 3);
+    CHECK(mx_lookup_choose(&lk, 4, 15) == 3);
+    mx_lookup_record(&lk, 4, 8.0, 4, 3, 3);
+    CHECK(mx_lookup_choose(&lk, 4, 15) == 0);
+
+    /* times: the mean of the first five calls of a size (1.1 and 1.3 give
+     * 1.2), then a moving average (a slow sixth call, 2.2, moves it a fifth
+     * of the way: 1.4) */
+    mx_lookup_init(&lk, 15, 0);
+    mx_lookup_record(&lk, 2, 1.1, 0, 0, 0);
+    mx_lookup_record(&lk, 2, 1.3, 0, 0, 0);
+    CHECK(fabs(lk.t_fwd[2] - 1.2) < 1e-12);
+    for (int i = 0; i < 3; i++)
+        mx_lookup_record(&lk, 2, 1.2, 0, 0, 0);
+    mx_lookup_record(&lk, 2, 2.2, 0, 0, 0);
+    CHECK(fabs(lk.t_fwd[2] - 1.4) < 1e-12);
 }
 
 /* ---- models --------------------------------------------------------------------- */

@@ -215,6 +215,7 @@ typedef struct mx_lookup {
     int max_draft;
     int always;                             /* no cost model: every match drafts max_draft */
     double t_fwd[MX_LOOKUP_MAX + 2];        /* [T] seconds of a forward call of T tokens (0: unknown) */
+    int n_fwd[MX_LOOKUP_MAX + 2];           /* [T] calls timed */
     double hit[MX_LOOKUP_NGRAM + 1][MX_LOOKUP_MAX];    /* [match][i] draft[i] accepted, decaying */
     double tried[MX_LOOKUP_NGRAM + 1][MX_LOOKUP_MAX];  /* [match][i] draft[i] compared, decaying */
     int idle;                               /* matches passed over since the last draft */

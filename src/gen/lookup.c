@@ -54,12 +54,17 @@ void mx_lookup_init(mx_lookup *lk, int max_draft, int always)
 }
 
 /* The time of a forward call of T tokens: measured, else interpolated
- * between the nearest measured sizes, else extrapolated along the chord
- * from one token to the largest measured size lo, up to 2 lo tokens.  -1:
- * too far beyond what was measured.  Calls grow by doubling: the first
- * draft is one token (a cheap measurement, and on some models a call of
- * two costs hardly more than one), and a size whose guess is too rosy is
- * corrected once it runs. */
+ * between the nearest measured sizes, else, up to twice the largest
+ * measured size lo, the time of lo: a call costs at least what a smaller
+ * one does, and this lower bound lets a larger size be tried when the
+ * acceptance rate says it might pay (once it has run, its own time
+ * counts).  -1: further out, or nothing measured beyond one token.  So
+ * drafts grow by doubling: the first two are of one token (timing the size
+ * all others are guessed from, twice), and a size is tried only when its
+ * guess pays.  The guesses are not a line through the one-token step: a
+ * step of one token takes another path (the fused MoE kernel), and a call
+ * of two may cost several of it while sixteen cost little more than two
+ * (on a busy machine, where each call waits for the CPUs). */
 static double time_of(const mx_lookup *lk, int T)
 {
     if (lk->t_fwd[T] > 0)
@@ -73,12 +78,11 @@ static double time_of(const mx_lookup *lk, int T)
         else if (!hi)
             hi = t;
     }
-    const double t1 = lk->t_fwd[1];
     if (hi)
         return lk->t_fwd[lo] + (lk->t_fwd[hi] - lk->t_fwd[lo]) * (T - lo) / (hi - lo);
     if (lo == 1 || T > 2 * lo)
         return -1;
-    return t1 + (lk->t_fwd[lo] - t1) * (T - 1) / (lo - 1);
+    return lk->t_fwd[lo];
 }
 
 static int match_class(int match)
@@ -108,11 +112,12 @@ int mx_lookup_choose(mx_lookup *lk, int match, int avail)
         reach *= p;
         expect += reach;         /* tokens a call of k drafted yields */
         double t = time_of(lk, k + 1);
-        if (t < 0) {
-            if (k == 1)          /* nothing measured beyond one token: measure two */
-                best = 1;
+        if (k == 1 && lk->n_fwd[2] < 2) {
+            best = 1;            /* calls of two tokens timed less than twice: time one */
             break;
         }
+        if (t < 0)
+            break;
         if (expect / t > best_rate) {
             best_rate = expect / t;
             best = k;
@@ -134,8 +139,13 @@ int mx_lookup_choose(mx_lookup *lk, int match, int avail)
 
 void mx_lookup_record(mx_lookup *lk, int T, double seconds, int match, int checked, int accepted)
 {
-    if (T >= 1 && T <= MX_LOOKUP_MAX + 1 && seconds > 0)
-        lk->t_fwd[T] = lk->t_fwd[T] > 0 ? 0.8 * lk->t_fwd[T] + 0.2 * seconds : seconds;
+    if (T >= 1 && T <= MX_LOOKUP_MAX + 1 && seconds > 0) {
+        /* the mean of the first five, then a moving average: one slow call
+         * (the machine busy elsewhere) does not decide alone */
+        const int n = ++lk->n_fwd[T];
+        const double w = n < 5 ? 1.0 / n : 0.2;
+        lk->t_fwd[T] += w * (seconds - lk->t_fwd[T]);
+    }
     double *hit = lk->hit[match_class(match)], *tried = lk->tried[match_class(match)];
     /* decaying counts of the positions compared: the rates follow the
      * text as it changes */
