@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,7 +170,7 @@ static int parse_offsets(const cJSON *v, const char *file, const char *tn, uint6
 }
 
 static int parse_tensor(const cJSON *item, const char *file, const uint8_t *data,
-                        uint64_t dlen, mx_tensor *t, span *sp, mx_err *e)
+                        uint64_t data_off, uint64_t dlen, mx_tensor *t, span *sp, mx_err *e)
 {
     const char *tn = item->string;
     if (!cJSON_IsObject(item))
@@ -197,9 +198,10 @@ static int parse_tensor(const cJSON *item, const char *file, const uint8_t *data
     t->name = strdup(tn);
     if (!t->name)
         return mx_fail(e, MX_ENOMEM, "%s: out of memory", file);
-    t->data = data + sp->begin;
+    t->data = data ? data + sp->begin : NULL;
     t->nbytes = (size_t)nbytes;
     t->file = file;
+    t->offset = data_off + sp->begin;
     return MX_OK;
 }
 
@@ -291,30 +293,42 @@ void mx_st_free_tensors(mx_tensor *tensors, size_t n)
     free(tensors);
 }
 
+/* Parses a file of file_len bytes whose first len bytes (at least the
+ * length and the header) are in buf: the data pointers point into buf when
+ * it holds the whole file, else they are NULL (offsets are always set). */
+static int parse_image(const uint8_t *buf, size_t len, uint64_t file_len, const char *name,
+                       mx_tensor **tensors, size_t *n, mx_err *e);
+
 int mx_st_parse(const uint8_t *buf, size_t len, const char *name, mx_tensor **tensors,
                 size_t *n, mx_err *e)
+{
+    return parse_image(buf, len, len, name, tensors, n, e);
+}
+
+static int parse_image(const uint8_t *buf, size_t len, uint64_t file_len, const char *name,
+                       mx_tensor **tensors, size_t *n, mx_err *e)
 {
     const char *file = name ? name : "<safetensors>";
     *tensors = NULL;
     *n = 0;
-    if (len < 8)
-        return mx_fail(e, MX_EFORMAT, "%s: %zu bytes is too short for a safetensors file",
-                       file, len);
+    if (file_len < 8 || len < 8)
+        return mx_fail(e, MX_EFORMAT, "%s: %llu bytes is too short for a safetensors file",
+                       file, (unsigned long long)file_len);
     uint64_t hlen = read_le64(buf);
     if (hlen > MX_ST_MAX_HEADER)
         return mx_fail(e, MX_EFORMAT, "%s: header length %llu exceeds the limit of %u bytes",
                        file, (unsigned long long)hlen, (unsigned)MX_ST_MAX_HEADER);
-    if (hlen > len - 8)
+    if (hlen > file_len - 8 || hlen > len - 8)
         return mx_fail(e, MX_EFORMAT,
-                       "%s: header length %llu runs past the end of the file (%zu bytes)",
-                       file, (unsigned long long)hlen, len);
+                       "%s: header length %llu runs past the end of the file (%llu bytes)",
+                       file, (unsigned long long)hlen, (unsigned long long)file_len);
     cJSON *root = NULL;
     int rc = parse_header_json(buf + 8, (size_t)hlen, file, &root, e);
     if (rc)
         return rc;
 
-    const uint8_t *data = buf + 8 + hlen;
-    uint64_t dlen = len - 8 - hlen;
+    const uint8_t *data = len == file_len ? buf + 8 + hlen : NULL;
+    uint64_t dlen = file_len - 8 - hlen;
     size_t cap = (size_t)cJSON_GetArraySize(root);
     mx_tensor *ts = calloc(cap ? cap : 1, sizeof *ts);
     span *sp = calloc(cap ? cap : 1, sizeof *sp);
@@ -331,7 +345,7 @@ int mx_st_parse(const uint8_t *buf, size_t len, const char *name, mx_tensor **te
             rc = seen_meta++ ? mx_fail(e, MX_EFORMAT, "%s: __metadata__ appears twice", file)
                              : check_metadata(it, file, e);
         } else {
-            rc = parse_tensor(it, file, data, dlen, &ts[nt], &sp[nt], e);
+            rc = parse_tensor(it, file, data, 8 + hlen, dlen, &ts[nt], &sp[nt], e);
             sp[nt].idx = nt;
             if (ts[nt].name)
                 nt++;
@@ -359,9 +373,16 @@ out:
 
 typedef struct st_file {
     char *path;
-    void *map;
+    void *map;               /* the whole file (NULL in a lazy set) */
     size_t len;
+    int fd;                  /* a lazy set keeps it open for mx_st_map; else -1 */
 } st_file;
+
+/* A lazy set's mapping of part of a file. */
+typedef struct st_map {
+    void *addr;
+    size_t len;
+} st_map;
 
 struct mx_st_set {
     st_file *files;
@@ -371,6 +392,10 @@ struct mx_st_set {
     uint32_t *slots;         /* open-addressing hash: index + 1, 0 = empty */
     size_t nslots;           /* power of two, >= 2n */
     uint64_t bytes;
+    int lazy;                /* headers only: tensors are mapped by mx_st_map */
+    uint64_t *win;           /* lazy: [n][2] each tensor's mapped byte range */
+    st_map *maps;            /* lazy: every mapping made, for mx_st_close */
+    size_t nmaps, cap_maps;
 };
 
 static uint64_t hash_name(const char *s)
@@ -394,11 +419,50 @@ void mx_st_close(mx_st_set *s)
     for (size_t i = 0; i < s->nfiles; i++) {
         if (s->files[i].map)
             munmap(s->files[i].map, s->files[i].len);
+        if (s->files[i].fd >= 0)
+            close(s->files[i].fd);
         free(s->files[i].path);
     }
+    for (size_t i = 0; i < s->nmaps; i++)
+        munmap(s->maps[i].addr, s->maps[i].len);
+    free(s->maps);
+    free(s->win);
     free(s->files);
     free(s->slots);
     free(s);
+}
+
+/* The length and header of a lazy set's file, read without mapping it. */
+static int read_header(int fd, const char *path, size_t len, uint8_t **out, size_t *n, mx_err *e)
+{
+    uint8_t head[8];
+    if (pread(fd, head, 8, 0) != 8)
+        return mx_fail(e, MX_EIO, "%s: cannot read the header length: %s", path, strerror(errno));
+    uint64_t hlen = read_le64(head);
+    if (hlen > MX_ST_MAX_HEADER)
+        return mx_fail(e, MX_EFORMAT, "%s: header length %llu exceeds the limit of %u bytes",
+                       path, (unsigned long long)hlen, (unsigned)MX_ST_MAX_HEADER);
+    if (hlen > len - 8)
+        return mx_fail(e, MX_EFORMAT,
+                       "%s: header length %llu runs past the end of the file (%zu bytes)",
+                       path, (unsigned long long)hlen, len);
+    uint8_t *buf = malloc(8 + (size_t)hlen);
+    if (!buf)
+        return mx_fail(e, MX_ENOMEM, "%s: out of memory for a %llu-byte header", path,
+                       (unsigned long long)hlen);
+    size_t got = 0;
+    while (got < 8 + hlen) {
+        ssize_t r = pread(fd, buf + got, 8 + (size_t)hlen - got, (off_t)got);
+        if (r <= 0) {
+            free(buf);
+            return mx_fail(e, MX_EIO, "%s: cannot read the header: %s", path,
+                           r < 0 ? strerror(errno) : "file shorter than its header");
+        }
+        got += (size_t)r;
+    }
+    *out = buf;
+    *n = 8 + (size_t)hlen;
+    return MX_OK;
 }
 
 /* Maps one file and appends its tensors to s (names stay owned by s). */
@@ -410,6 +474,7 @@ static int set_add_file(mx_st_set *s, const char *path, mx_err *e)
     s->files = nf;
     st_file *f = &s->files[s->nfiles];
     memset(f, 0, sizeof *f);
+    f->fd = -1;
     f->path = strdup(path);
     if (!f->path)
         return mx_fail(e, MX_ENOMEM, "%s: out of memory", path);
@@ -429,17 +494,28 @@ static int set_add_file(mx_st_set *s, const char *path, mx_err *e)
                        path, (long long)st.st_size);
     }
     f->len = (size_t)st.st_size;
-    /* MAP_PRIVATE + PROT_READ: weights are never copied and never written. */
-    void *m = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
-        return mx_fail(e, MX_EIO, "%s: mmap failed: %s", path, strerror(errno));
-    f->map = m;
-    s->bytes += f->len;
-
     mx_tensor *ts;
     size_t n;
-    int rc = mx_st_parse(m, f->len, f->path, &ts, &n, e);
+    int rc;
+    if (s->lazy) {
+        /* the header alone; tensors are mapped as they are needed */
+        f->fd = fd;
+        uint8_t *hdr = NULL;
+        size_t hn = 0;
+        if ((rc = read_header(fd, f->path, f->len, &hdr, &hn, e)))
+            return rc;
+        rc = parse_image(hdr, hn, f->len, f->path, &ts, &n, e);
+        free(hdr);
+    } else {
+        /* MAP_PRIVATE + PROT_READ: weights are never copied and never written. */
+        void *m = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED)
+            return mx_fail(e, MX_EIO, "%s: mmap failed: %s", path, strerror(errno));
+        f->map = m;
+        rc = mx_st_parse(m, f->len, f->path, &ts, &n, e);
+    }
+    s->bytes += f->len;
     if (rc)
         return rc;
     mx_tensor *all = realloc(s->tensors, (s->n + n + 1) * sizeof *all);
@@ -470,7 +546,9 @@ static int set_finish(mx_st_set *s, mx_err *e)
     while (ns < 2 * s->n)
         ns *= 2;
     s->slots = calloc(ns, sizeof *s->slots);
-    if (!s->slots)
+    if (s->lazy)
+        s->win = calloc(2 * (s->n ? s->n : 1), sizeof *s->win);
+    if (!s->slots || (s->lazy && !s->win))
         return mx_fail(e, MX_ENOMEM, "out of memory for %zu tensors", s->n);
     s->nslots = ns;
     for (size_t i = 0; i < s->n; i++) {
@@ -655,10 +733,21 @@ static int open_glob(mx_st_set *s, const char *dir, mx_err *e)
     return rc;
 }
 
-int mx_st_open_dir(const char *dir, mx_st_set **out, mx_err *e)
+static int open_dir(const char *dir, int lazy, mx_st_set **out, mx_err *e);
+
+int mx_st_open_dir(const char *dir, mx_st_set **out, mx_err *e) { return open_dir(dir, 0, out, e); }
+
+int mx_st_open_dir_lazy(const char *dir, mx_st_set **out, mx_err *e)
+{
+    return open_dir(dir, 1, out, e);
+}
+
+static int open_dir(const char *dir, int lazy, mx_st_set **out, mx_err *e)
 {
     *out = NULL;
     mx_st_set *s = calloc(1, sizeof *s);
+    if (s)
+        s->lazy = lazy;
     char *index = path_join(dir, "model.safetensors.index.json");
     if (!s || !index) {
         free(s);
@@ -697,3 +786,57 @@ const mx_tensor *mx_st_at(const mx_st_set *s, size_t i)
 uint64_t mx_st_file_bytes(const mx_st_set *s) { return s ? s->bytes : 0; }
 
 size_t mx_st_nfiles(const mx_st_set *s) { return s ? s->nfiles : 0; }
+
+const char *mx_st_file_path(const mx_st_set *s, size_t i)
+{
+    return s && i < s->nfiles ? s->files[i].path : NULL;
+}
+
+uint64_t mx_st_file_size(const mx_st_set *s, size_t i)
+{
+    return s && i < s->nfiles ? s->files[i].len : 0;
+}
+
+int mx_st_map(mx_st_set *s, const mx_tensor *t, uint64_t lo, uint64_t hi, mx_err *e)
+{
+    if (!s->lazy || lo >= hi)
+        return MX_OK;
+    const size_t i = (size_t)(t - s->tensors);
+    if (t < s->tensors || i >= s->n || hi > t->nbytes)
+        return mx_fail(e, MX_EINVAL, "%s: bytes [%llu, %llu) of tensor '%s' are not in this set",
+                       t->file, (unsigned long long)lo, (unsigned long long)hi, t->name);
+    uint64_t *w = &s->win[2 * i];
+    if (w[1] > w[0] && w[0] <= lo && hi <= w[1])
+        return MX_OK;   /* mapped already */
+    if (w[1] > w[0]) {   /* a wider range: the union, the old mapping kept */
+        lo = lo < w[0] ? lo : w[0];
+        hi = hi > w[1] ? hi : w[1];
+    }
+    const st_file *f = NULL;
+    for (size_t k = 0; k < s->nfiles && !f; k++)
+        if (s->files[k].path == t->file)
+            f = &s->files[k];
+    if (!f || f->fd < 0)
+        return mx_fail(e, MX_EINVAL, "tensor '%s': its file is not open", t->name);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start = t->offset + lo;
+    const uint64_t at = start / page * page, len = t->offset + hi - at;
+    if (s->nmaps == s->cap_maps) {
+        size_t cap = s->cap_maps ? 2 * s->cap_maps : 64;
+        st_map *nm = realloc(s->maps, cap * sizeof *nm);
+        if (!nm)
+            return mx_fail(e, MX_ENOMEM, "%s: out of memory", t->file);
+        s->maps = nm;
+        s->cap_maps = cap;
+    }
+    void *m = mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, f->fd, (off_t)at);
+    if (m == MAP_FAILED)
+        return mx_fail(e, MX_EIO, "%s: mmap of tensor '%s' (%llu bytes) failed: %s", t->file, t->name,
+                       (unsigned long long)len, strerror(errno));
+    s->maps[s->nmaps++] = (st_map){m, (size_t)len};
+    /* data + lo is the first byte mapped: data itself may lie before the
+     * mapping (an address, never read) */
+    ((mx_tensor *)t)->data = (const void *)((uintptr_t)m + (uintptr_t)(start - at) - (uintptr_t)lo);
+    w[0] = lo;
+    w[1] = hi;
+    return MX_OK;
+}

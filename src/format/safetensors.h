@@ -21,9 +21,10 @@ typedef struct mx_tensor {
     mx_dtype dtype;
     int ndim;
     int64_t shape[MX_MAX_DIMS];
-    const void *data;        /* points into the mmap */
+    const void *data;        /* points into the mmap (a lazy set: see mx_st_map) */
     size_t nbytes;
     const char *file;        /* path of the shard holding it */
+    uint64_t offset;         /* of its data in that file */
 } mx_tensor;
 
 int64_t mx_tensor_numel(const mx_tensor *t);
@@ -50,6 +51,19 @@ int mx_st_open_file(const char *path, mx_st_set **out, mx_err *e);
  * *.safetensors file in the directory except reference.safetensors. */
 int mx_st_open_dir(const char *dir, mx_st_set **out, mx_err *e);
 void mx_st_close(mx_st_set *s);
+
+/* mx_st_open_dir reading the headers alone: no tensor's data is mapped
+ * (data NULL) until mx_st_map maps it, so a process that needs a share of
+ * a checkpoint holds only that share in its address space. */
+int mx_st_open_dir_lazy(const char *dir, mx_st_set **out, mx_err *e);
+/* Makes bytes [lo, hi) of t (a tensor of s) readable at t->data + lo: a
+ * lazy set maps them (whole pages; a range already mapped is kept, and an
+ * earlier mapping stays valid when a wider one replaces it), other sets
+ * have them already.  t->data is only meaningful over the ranges mapped. */
+int mx_st_map(mx_st_set *s, const mx_tensor *t, uint64_t lo, uint64_t hi, mx_err *e);
+/* Path and size of file i of the set (i < mx_st_nfiles). */
+const char *mx_st_file_path(const mx_st_set *s, size_t i);
+uint64_t mx_st_file_size(const mx_st_set *s, size_t i);
 
 const mx_tensor *mx_st_find(const mx_st_set *s, const char *name);
 size_t mx_st_count(const mx_st_set *s);
