@@ -46,6 +46,7 @@ void mx_moe_plan_of(mx_moe_plan *p, const mx_moe_job *j)
     p->off[0] = 0;
     p->d_model = j->d_model;
     p->act = j->act;
+    p->slots = j->slots;
     if (j->ex) {
         const mx_route *r = &j->routes[0];
         for (int i = 0; i < r->k; i++) {
@@ -105,11 +106,17 @@ static void phase1(const mx_moe_plan *p, mx_vec *x, float *h, float *u, int64_t 
 }
 
 /* Phase 2 for output rows [lo, hi): out[r] = sum_j w_j down_j . h_j, each
- * h_j prepared (into hv[j]) on this thread's first use of it. */
+ * h_j prepared (into hv[j]) on this thread's first use of it; or, when the
+ * plan has slots, each expert's rows unweighted into its slot. */
 static void phase2(const mx_moe_plan *p, mx_vec *hv, float *row, float *out, int64_t lo, int64_t hi)
 {
     if (lo >= hi)
         return;
+    if (p->slots) {
+        for (int j = 0; j < p->n; j++)
+            mx_linear_rows(p->down[j], &hv[j], p->slots + (int64_t)j * p->d_model, lo, hi);
+        return;
+    }
     memset(out + lo, 0, sizeof *out * (size_t)(hi - lo));
     for (int j = 0; j < p->n; j++) {
         mx_linear_rows(p->down[j], &hv[j], row, lo, hi);

@@ -250,9 +250,17 @@ int mx_moe_gather_team(const mx_moe_job *j, mx_moe_gather_state *st, mx_arena *a
         mx_linear_rows_batch(G->down, &G->bh, st->y + G->off * D, D, r0, r1);
     }
     mx_team_sync(team);
-    /* 5: each token's weighted sum over its slots, in job order */
+    /* 5: each token's weighted sum over its slots, in job order (or the
+     * slots themselves, for a caller that sums them) */
     long t0, t1;
     mx_split((long)j->T, ith, atomic_load_explicit(&team->n, memory_order_relaxed), &t0, &t1);
+    if (j->slots) {
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t i = st->tbase[t]; i < st->tbase[t + 1]; i++)
+                memcpy(j->slots + i * D, st->y + st->slot_of[i] * D, sizeof(float) * (size_t)D);
+        mx_team_sync(team);
+        return MX_OK;
+    }
     for (int64_t t = t0; t < t1; t++) {
         float *o = j->out + t * D;
         memset(o, 0, sizeof *o * (size_t)D);

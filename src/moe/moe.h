@@ -115,6 +115,13 @@ typedef struct mx_moe_job {
     const float *x;
     int64_t T, d_model;
     float *out;
+    /* When not NULL, out is left alone and every (token, slot) output goes
+     * here unweighted, [P, d_model] in job order: token 0's routed experts
+     * as its route lists them, then its extras, then token 1's ...  For a
+     * caller that sums the slots itself: the ranks of expert parallelism
+     * (src/dist) each run a share of a token's experts and rank 0 adds them
+     * up in this order, as out would have been summed. */
+    float *slots;
 } mx_moe_job;
 
 /* ---- dispatch (dispatch.c): the one decision, the switches, the counts ---- */
@@ -166,6 +173,7 @@ typedef struct mx_moe_plan {
     int64_t off[MX_MAX_TOPK + MX_MOE_MAX_EXTRA + 1];   /* expert j's rows of h: [off[j], off[j+1]) */
     int64_t d_model;
     mx_act act;
+    float *slots;   /* the job's slots: expert j's output unweighted at slots + j * d_model */
 } mx_moe_plan;
 
 /* The plan of a one-token job. */
@@ -182,9 +190,10 @@ size_t mx_moe_fused_bytes_max(int64_t d_model, int k, int64_t d_ff, const int64_
 /* Runs plan p on the calling thread's share; every thread of the team
  * calls it with the same plan (each may hold its own copy), its own x
  * (the same values), and the same buf of mx_moe_fused_bytes(p, nth) bytes.
- * out [d_model] is shared and complete when every thread has returned
- * (the function ends with a barrier).  team: the run's team (joined by
- * every thread; its size is the thread count), ith this thread's index. */
+ * out [d_model] (or the plan's slots) is shared and complete when every
+ * thread has returned (the function ends with a barrier).  team: the run's
+ * team (joined by every thread; its size is the thread count), ith this
+ * thread's index. */
 void mx_moe_fused_team(const mx_moe_plan *p, mx_vec *x, void *buf, float *out, mx_team *team,
                        int ith);
 
