@@ -577,7 +577,9 @@ static int run_job(pass *p, lane *ln, const mx_moe_job *job, mx_vec *x, void *fu
     mx_model *m = p->m;
     const mx_moe_path path = mx_moe_choose(job, NULL);
     int rc = MX_OK;
-    if (path == MX_MOE_FUSED) {
+    if (m->remote && job->ex) {   /* experts spread over processes (src/dist) */
+        rc = m->remote->run(m->remote, job, path, x, fused_buf, p->e);
+    } else if (path == MX_MOE_FUSED) {
         mx_moe_plan plan;
         mx_moe_plan_of(&plan, job);
         mx_moe_fused_team(&plan, x, fused_buf, job->out, &p->team, ln->ith);

@@ -48,6 +48,21 @@ static void *own(mx_model *m, void *p)
     return p;
 }
 
+/* Makes the bytes of matrix `index` of t readable (a set opened lazily
+ * maps them now; a whole file's mapping has them already): the leading
+ * dimensions of a stacked tensor count the matrices, a 2-D or 1-D tensor
+ * is one.  An index past the stack is left to the shape checks. */
+static int map_matrices(mx_model *m, const mx_tensor *t, int64_t index, int64_t count, mx_err *e)
+{
+    int64_t nmat = 1;
+    for (int i = 0; i + 2 < t->ndim; i++)
+        nmat *= t->shape[i];
+    if (nmat <= 0 || index < 0 || count <= 0 || index + count > nmat)
+        return MX_OK;
+    const uint64_t per = (uint64_t)t->nbytes / (uint64_t)nmat;
+    return mx_st_map(m->st, t, (uint64_t)index * per, (uint64_t)(index + count) * per, e);
+}
+
 /* A float vector tensor of exactly n elements, converted to f32.  *out stays
  * NULL when the tensor is absent and optional. */
 static int load_vector(mx_model *m, const char *name, int64_t n, int optional, float **out,
@@ -66,6 +81,9 @@ static int load_vector(mx_model *m, const char *name, int64_t n, int optional, f
     if (mx_tensor_numel(t) != n || t->ndim != 1)
         return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' has %lld elements in %d dims, expected [%lld]",
                        t->file, name, (long long)mx_tensor_numel(t), t->ndim, (long long)n);
+    int rc = map_matrices(m, t, 0, 1, e);
+    if (rc)
+        return rc;
     float *v = own(m, malloc(sizeof *v * (size_t)n));
     if (!v)
         return mx_fail(e, MX_ENOMEM, "out of memory loading '%s'", name);
@@ -87,6 +105,9 @@ static int load_floats(mx_model *m, const char *name, int64_t n, float **out, mx
         return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' must hold %lld F32/F16/BF16 values (has %lld %s)",
                        t->file, name, (long long)n, (long long)mx_tensor_numel(t),
                        mx_dtype_name(t->dtype));
+    int rc = map_matrices(m, t, 0, 1, e);
+    if (rc)
+        return rc;
     float *v = own(m, malloc(sizeof *v * (size_t)n));
     if (!v)
         return mx_fail(e, MX_ENOMEM, "out of memory loading '%s'", name);
@@ -121,11 +142,16 @@ static int load_linear_at(mx_model *m, const char *module, int64_t index, int64_
     if (!w)
         return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, nw);
     const mx_tensor *s = mx_st_find(m->st, ns);
+    int rc = map_matrices(m, w, index, 1, e);
+    if (rc)
+        return rc;
     if (s) {
         const mx_tensor *b = mx_st_find(m->st, nb);
         if (!b)
             return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found (quantized '%s' needs scales and biases)",
                            m->dir, nb, module);
+        if ((rc = map_matrices(m, s, index, 1, e)) || (rc = map_matrices(m, b, index, 1, e)))
+            return rc;
         int bits = 0, gs = 0;
         if (!mx_quant_for(&m->cfg.quant, module, &bits, &gs)) {
             /* The config says "not quantized" but scales are present: trust
@@ -135,7 +161,7 @@ static int load_linear_at(mx_model *m, const char *module, int64_t index, int64_
         }
         if (!m->cfg.quant.present)
             bits = 0, gs = 64;
-        int rc = mx_qmat_from_tensors(w, s, b, bits, gs, index, module, &l->q, e);
+        rc = mx_qmat_from_tensors(w, s, b, bits, gs, index, module, &l->q, e);
         if (rc)
             return rc;
         if (l->q.rows != rows || l->q.cols != cols)
@@ -165,7 +191,7 @@ static int load_linear_at(mx_model *m, const char *module, int64_t index, int64_
     tname(nbias, "%s.bias", module);
     if (index == 0) {   /* stacked experts carry no bias */
         float *bias;
-        int rc = load_vector(m, nbias, rows, 1, &bias, e);
+        rc = load_vector(m, nbias, rows, 1, &bias, e);
         if (rc)
             return rc;
         l->bias = bias;
@@ -195,13 +221,17 @@ static int load_mlp(mx_model *m, const char *prefix, int64_t ff, mx_mlp *p, mx_e
     return load_linear(m, n, m->d, ff, &p->down, e);
 }
 
-/* The routed experts of block `blk`: stacked `{blk}.{stacked}.{proj}`
- * when present, else per expert `{blk}.{per_expert}.{proj}`. */
-static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex, mx_err *e)
+/* Sizes the routed experts of block `blk` without binding them: stacked
+ * `{blk}.{stacked}.{proj}` when present (the stacks must hold exactly E
+ * matrices), else per expert `{blk}.{per_expert}.{proj}`; *bytes gets one
+ * expert's bytes (its three matrices with scales and biases). */
+static int size_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex, uint64_t *bytes,
+                        mx_err *e)
 {
     const mx_names *nm = &m->fam->names;
     const int E = m->n_experts;
-    char n[NAME_MAX_LEN], nw[NAME_MAX_LEN], expert[64];
+    static const char *const part[3] = {"weight", "scales", "biases"};
+    char n[NAME_MAX_LEN], expert[64];
     ex->n = E;
     ex->d_model = m->d;
     ex->d_ff = ff;
@@ -210,24 +240,63 @@ static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex
     ex->down = own(m, calloc((size_t)E, sizeof *ex->down));
     if (!ex->gate || !ex->up || !ex->down)
         return mx_fail(e, MX_ENOMEM, "out of memory for %d experts", E);
-    tname(nw, "%s.%s.%s.weight", blk, nm->stacked, nm->stacked_proj[0]);
-    ex->stacked = mx_st_find(m->st, nw) != NULL;
-    mx_linear *dst[3] = {ex->gate, ex->up, ex->down};
-    for (int p = 0; p < 3; p++) {
-        int64_t rows = p == 2 ? m->d : ff, cols = p == 2 ? ff : m->d;
-        if (ex->stacked) {
-            /* the stack must hold exactly E matrices */
-            tname(n, "%s.%s.%s", blk, nm->stacked, nm->stacked_proj[p]);
-            tname(nw, "%s.weight", n);
-            const mx_tensor *w = mx_st_find(m->st, nw);
-            if (!w)
-                return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, nw);
-            if (w->ndim != 3 || w->shape[0] != E)
+    tname(n, "%s.%s.%s.weight", blk, nm->stacked, nm->stacked_proj[0]);
+    ex->stacked = mx_st_find(m->st, n) != NULL;
+    *bytes = 0;
+    snprintf(expert, sizeof expert, nm->per_expert, 0);
+    for (int p = 0; p < 3; p++)
+        for (int k = 0; k < 3; k++) {
+            if (ex->stacked)
+                tname(n, "%s.%s.%s.%s", blk, nm->stacked, nm->stacked_proj[p], part[k]);
+            else
+                tname(n, "%s.%s.%s.%s", blk, expert, nm->expert_proj[p], part[k]);
+            const mx_tensor *t = mx_st_find(m->st, n);
+            if (!t && k == 0)
+                return mx_fail(e, MX_EFORMAT, "%s: tensor '%s' not found", m->dir, n);
+            if (!t)
+                continue;   /* not quantized: binding says whether that is right */
+            if (ex->stacked && k == 0 && (t->ndim != 3 || t->shape[0] != E))
                 return mx_fail(e, MX_EFORMAT, "%s: stacked experts '%s' must be [%d, out, in], has %d dims, first %lld",
-                               w->file, nw, E, w->ndim, (long long)w->shape[0]);
+                               t->file, n, E, t->ndim, (long long)t->shape[0]);
+            *bytes += ex->stacked ? (uint64_t)t->nbytes / (uint64_t)E : (uint64_t)t->nbytes;
         }
-        for (int x = 0; x < E; x++) {
-            int rc;
+    return MX_OK;
+}
+
+/* Binds the routed experts of block `blk` that `bound` marks (NULL: all),
+ * sized by size_experts.  The stacked tensors of a lazily opened set are
+ * mapped once over the span from the first to the last expert bound.  The
+ * others get their shape and format without data (the dispatch chooses a
+ * path from them): a bound one's view with no weights, or expert 0's when
+ * none is bound. */
+static int bind_experts(mx_model *m, const char *blk, const unsigned char *bound, mx_experts *ex,
+                        mx_err *e)
+{
+    const mx_names *nm = &m->fam->names;
+    static const char *const part[3] = {"weight", "scales", "biases"};
+    char n[NAME_MAX_LEN], nt[NAME_MAX_LEN], expert[64];
+    int lo = ex->n, hi = -1, rc;
+    for (int x = 0; x < ex->n; x++)
+        if (!bound || bound[x])
+            lo = x < lo ? x : lo, hi = x;
+    const int none = hi < 0;
+    if (none)
+        lo = hi = 0;
+    mx_linear *dst[3] = {ex->gate, ex->up, ex->down};
+    for (int p = 0; p < 3 && hi >= 0; p++) {
+        int64_t rows = p == 2 ? m->d : ex->d_ff, cols = p == 2 ? ex->d_ff : m->d;
+        if (ex->stacked) {
+            tname(n, "%s.%s.%s", blk, nm->stacked, nm->stacked_proj[p]);
+            for (int k = 0; k < 3; k++) {
+                tname(nt, "%s.%s", n, part[k]);
+                const mx_tensor *t = mx_st_find(m->st, nt);
+                if (t && (rc = map_matrices(m, t, lo, hi - lo + 1, e)))
+                    return rc;
+            }
+        }
+        for (int x = lo; x <= hi; x++) {
+            if (bound && !bound[x] && !none)
+                continue;
             if (ex->stacked) {
                 rc = load_linear_at(m, n, x, rows, cols, &dst[p][x], e);
             } else {
@@ -238,6 +307,13 @@ static int load_experts(mx_model *m, const char *blk, int64_t ff, mx_experts *ex
             if (rc)
                 return rc;
         }
+        for (int x = 0; bound && x < ex->n; x++)
+            if (!bound[x]) {
+                dst[p][x] = dst[p][lo];
+                dst[p][x].q.w = NULL;
+                dst[p][x].q.scales = dst[p][x].q.biases = NULL;
+                dst[p][x].w = NULL;
+            }
     }
     return MX_OK;
 }
@@ -478,13 +554,36 @@ static int load_shortconv(mx_model *m, const char *p, mx_shortconv *sc, mx_err *
     return MX_OK;
 }
 
+/* Layer l's name prefix p ("model.layers.3") and its MoE block's blk. */
+static void layer_names(const mx_model *m, int l, char *p, char *blk)
+{
+    const mx_names *nm = &m->fam->names;
+    char layer[64];
+    snprintf(layer, sizeof layer, nm->layer, l);
+    tname(p, "%s.%s", nm->model, layer);
+    if (nm->moe[0])
+        tname(blk, "%s.%s", p, nm->moe);
+    else
+        tname(blk, "%s", p);
+}
+
+/* Layer l: everything but the routed experts, which are sized here and
+ * bound once the whole model is (mx_model_load_ex).  A model of experts
+ * alone skips the rest. */
 static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
 {
     const mx_names *nm = &m->fam->names;
-    char p[NAME_MAX_LEN], n[NAME_MAX_LEN], layer[64];
+    char p[NAME_MAX_LEN], n[NAME_MAX_LEN], blk[NAME_MAX_LEN];
     int rc;
-    snprintf(layer, sizeof layer, nm->layer, l);
-    tname(p, "%s.%s", nm->model, layer);
+    layer_names(m, l, p, blk);
+    L->is_moe = layer_is_moe(&m->cfg, l);
+    L->parallel = L->is_moe && m->fam->parallel_dense;
+    L->scalar = 1.0f;
+    mx_moe_block *b = &L->moe;
+    if (m->experts_only)
+        return L->is_moe ? size_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts,
+                                        &b->expert_bytes, e)
+                         : MX_OK;
     if ((rc = load_norm_opt(m, p, nm->attn_norm, &L->attn_norm, e)) ||
         (rc = load_norm_opt(m, p, nm->ffn_norm, &L->ffn_norm, e)) ||
         (rc = load_norm_opt(m, p, nm->attn_out_norm, &L->attn_out_norm, e)) ||
@@ -499,7 +598,6 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
         rc = load_attention(m, p, l, &L->attn, e);
     if (rc)
         return rc;
-    L->scalar = 1.0f;
     if (nm->layer_scalar) {
         float *sc;
         tname(n, "%s.%s", p, nm->layer_scalar);
@@ -508,8 +606,6 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
         L->scalar = sc[0];
     }
 
-    L->is_moe = layer_is_moe(&m->cfg, l);
-    L->parallel = L->is_moe && m->fam->parallel_dense;
     if (!L->is_moe || L->parallel) {
         tname(n, "%s.%s", p, nm->mlp);
         if ((rc = load_mlp(m, n, m->cfg.intermediate_size, &L->mlp, e)))
@@ -521,12 +617,6 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
             (rc = load_norm_opt(m, p, nm->moe_out_norm, &L->moe_out_norm, e)))
             return rc;
     }
-    mx_moe_block *b = &L->moe;
-    char blk[NAME_MAX_LEN];
-    if (nm->moe[0])
-        tname(blk, "%s.%s", p, nm->moe);
-    else
-        tname(blk, "%s", p);
     tname(n, "%s.%s", blk, nm->router);
     if ((rc = load_linear(m, n, m->n_experts, m->d, &b->router, e)))
         return rc;
@@ -534,7 +624,7 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
         return rc;
     if ((rc = load_named_vector(m, blk, nm->router_scale, m->d, &b->router_in_scale, e)))
         return rc;
-    if ((rc = load_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts, e)))
+    if ((rc = size_experts(m, blk, m->cfg.moe_intermediate_size, &b->experts, &b->expert_bytes, e)))
         return rc;
     int64_t shared_ff = 0;
     if (m->fam->shared_expert == MX_SHARED_GATED)
@@ -553,6 +643,34 @@ static int load_layer(mx_model *m, int l, mx_layer *L, mx_err *e)
             if ((rc = load_linear(m, n, 1, m->d, &b->shared_gate, e)))
                 return rc;
         }
+    }
+    return MX_OK;
+}
+
+/* Binds the routed experts of every MoE layer: all of them, or the share
+ * o->slice leaves this process (recorded in each block's `bound`). */
+static int load_all_experts(mx_model *m, const mx_model_load_opts *o, mx_err *e)
+{
+    const int E = m->n_experts;
+    unsigned char *owned = NULL;
+    int rc;
+    if (o && o->slice) {
+        owned = own(m, malloc((size_t)m->n_layers * (size_t)(E > 0 ? E : 1)));
+        if (!owned)
+            return mx_fail(e, MX_ENOMEM, "out of memory");
+        memset(owned, 1, (size_t)m->n_layers * (size_t)(E > 0 ? E : 1));
+        if ((rc = o->slice(o->ctx, m, owned, e)))
+            return rc;
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        mx_layer *L = &m->layers[l];
+        if (!L->is_moe)
+            continue;
+        char p[NAME_MAX_LEN], blk[NAME_MAX_LEN];
+        layer_names(m, l, p, blk);
+        L->moe.bound = owned ? owned + (size_t)l * (size_t)E : NULL;
+        if ((rc = bind_experts(m, blk, L->moe.bound, &L->moe.experts, e)))
+            return rc;
     }
     return MX_OK;
 }
@@ -736,18 +854,28 @@ static int resolve_config(mx_model *m, mx_err *e)
     return MX_OK;
 }
 
+static mx_model_loader g_loader;   /* set by mx_model_set_loader: the ranks' loader */
+
+void mx_model_set_loader(mx_model_loader fn) { g_loader = fn; }
+
 int mx_model_load(const char *dir, mx_model **out, mx_err *e)
+{
+    return g_loader ? g_loader(dir, out, e) : mx_model_load_ex(dir, NULL, out, e);
+}
+
+int mx_model_load_ex(const char *dir, const mx_model_load_opts *o, mx_model **out, mx_err *e)
 {
     *out = NULL;
     mx_model *m = calloc(1, sizeof *m);
     if (!m)
         return mx_fail(e, MX_ENOMEM, "out of memory");
     m->dir = strdup(dir);
+    m->experts_only = o && o->experts_only;
     int rc = mx_config_load(dir, &m->cfg, e);
     if (!rc)
         rc = resolve_config(m, e);
     if (!rc)
-        rc = mx_st_open_dir(dir, &m->st, e);
+        rc = o && o->lazy ? mx_st_open_dir_lazy(dir, &m->st, e) : mx_st_open_dir(dir, &m->st, e);
     if (rc)
         goto fail;
 
@@ -762,20 +890,24 @@ int mx_model_load(const char *dir, mx_model **out, mx_err *e)
     const mx_names *nm = &m->fam->names;
     char n[NAME_MAX_LEN];
     tname(n, "%s.%s", nm->model, nm->embed);
-    if ((rc = load_linear(m, n, m->vocab, m->d, &m->embed, e)))
+    if (!m->experts_only && (rc = load_linear(m, n, m->vocab, m->d, &m->embed, e)))
         goto fail;
     for (int l = 0; l < m->n_layers; l++)
         if ((rc = load_layer(m, l, &m->layers[l], e)))
             goto fail;
-    tname(n, "%s.%s", nm->model, nm->final_norm);
-    if ((rc = load_norm(m, n, &m->final_norm, e)))
+    if ((rc = load_all_experts(m, o, e)))
         goto fail;
-    tname(n, "%s.weight", nm->lm_head);
-    m->tied = m->cfg.tie_word_embeddings == 1 && !mx_st_find(m->st, n);
-    if (m->tied)
-        m->lm_head = m->embed;
-    else if ((rc = load_linear(m, nm->lm_head, m->vocab, m->d, &m->lm_head, e)))
-        goto fail;
+    if (!m->experts_only) {
+        tname(n, "%s.%s", nm->model, nm->final_norm);
+        if ((rc = load_norm(m, n, &m->final_norm, e)))
+            goto fail;
+        tname(n, "%s.weight", nm->lm_head);
+        m->tied = m->cfg.tie_word_embeddings == 1 && !mx_st_find(m->st, n);
+        if (m->tied)
+            m->lm_head = m->embed;
+        else if ((rc = load_linear(m, nm->lm_head, m->vocab, m->d, &m->lm_head, e)))
+            goto fail;
+    }
     if (!(m->gather = mx_moe_gather_state_new())) {
         rc = mx_fail(e, MX_ENOMEM, "out of memory");
         goto fail;
@@ -800,6 +932,8 @@ void mx_model_free(mx_model *m)
     if (!m)
         return;
     mx_model_set_backend(m, NULL, NULL);
+    if (m->remote)
+        m->remote->release(m->remote);
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);

@@ -95,6 +95,9 @@ typedef struct mx_moe_block {
     int shared_gated;            /* 1: weighted by sigmoid(shared_gate x) (Qwen2-MoE); 0: by 1 */
     mx_linear shared_gate;       /* [1, d] when gated */
     float *router_in_scale;      /* [d] Gemma 4: the router reads rmsnorm(x) * this / sqrt(d); else NULL */
+    uint64_t expert_bytes;       /* one routed expert's weights (its three matrices, scales, biases) */
+    const unsigned char *bound;  /* [n experts] which experts this process bound (a slice of the
+                                    experts: mx_model_load_opts); NULL: all */
 } mx_moe_block;
 
 typedef struct mx_layer {
@@ -129,6 +132,19 @@ typedef struct mx_backend {
     void (*seq_free)(void *ctx, struct mx_seq *s);
     void (*free)(void *ctx);
 } mx_backend;
+/* Where the routed experts of a job run when not all of them are in this
+ * process (expert parallelism over MPI, src/dist).  The forward pass hands
+ * every job with routed experts to run(), on every thread of its team as it
+ * would call the paths, with the path mx_moe_choose picked, the calling
+ * thread's prepared x (the fused path's) and the pass's fused buffer;
+ * run() leaves job->out as that path would and returns the same code on
+ * every thread. */
+typedef struct mx_moe_remote mx_moe_remote;
+struct mx_moe_remote {
+    int (*run)(mx_moe_remote *r, const mx_moe_job *job, mx_moe_path path, mx_vec *x,
+               void *fused_buf, mx_err *e);
+    void (*release)(mx_moe_remote *r);   /* by mx_model_free */
+};
 
 typedef struct mx_model {
     mx_config cfg;               /* with the family's defaults applied */
@@ -160,10 +176,41 @@ typedef struct mx_model {
     /* the device the forward pass runs on (NULL: this CPU) */
     const mx_backend *backend;
     void *backend_ctx;
+    mx_moe_remote *remote;       /* NULL: every routed expert runs in this process */
+    int experts_only;            /* only routed experts were bound (mx_model_load_opts) */
 } mx_model;
 
-/* Loads DIR (config.json, generation_config.json, safetensors). */
+/* Loads DIR (config.json, generation_config.json, safetensors), through
+ * the loader mx_model_set_loader set, if any. */
 int mx_model_load(const char *dir, mx_model **out, mx_err *e);
+
+/* How much of a checkpoint one process takes: expert parallelism
+ * (src/dist) gives each rank a share of the routed experts. */
+typedef struct mx_model_load_opts {
+    /* Called once every layer is read and its experts sized
+     * (mx_moe_block.expert_bytes) but before any expert is bound: clears in
+     * owned [n_layers][n_experts] (all 1 on entry) the experts this process
+     * leaves to others.  NULL: all experts. */
+    int (*slice)(void *ctx, const mx_model *m, unsigned char *owned, mx_err *e);
+    void *ctx;
+    /* Bind the routed experts alone (a rank that runs nothing else): no
+     * attention, embeddings, norms, routers, shared experts or lm_head;
+     * such a model cannot run a forward pass. */
+    int experts_only;
+    /* Map each tensor when it is bound, and a stack of experts only over
+     * the experts bound, instead of whole files: the process's address
+     * space holds its share alone (ulimit -v). */
+    int lazy;
+} mx_model_load_opts;
+
+/* mx_model_load with options (o may be NULL), never through a loader. */
+int mx_model_load_ex(const char *dir, const mx_model_load_opts *o, mx_model **out, mx_err *e);
+
+/* Routes this process's mx_model_load calls through fn (NULL: the plain
+ * loader): a rank of expert parallelism loads its share and connects the
+ * model to the other ranks (src/dist). */
+typedef int (*mx_model_loader)(const char *dir, mx_model **out, mx_err *e);
+void mx_model_set_loader(mx_model_loader fn);
 void mx_model_free(mx_model *m);
 
 /* Bytes of weights one decoded token streams (attention, router, k experts,

@@ -135,12 +135,6 @@ static uint64_t mixer_bytes(const mx_layer *L)
     return attn_bytes(&L->attn);
 }
 
-static uint64_t expert_bytes(const mx_experts *ex, int i)
-{
-    return mx_linear_bytes(&ex->gate[i]) + mx_linear_bytes(&ex->up[i]) +
-           mx_linear_bytes(&ex->down[i]);
-}
-
 uint64_t mx_model_active_bytes(const mx_model *m)
 {
     /* one embedding row + lm_head */
@@ -153,8 +147,8 @@ uint64_t mx_model_active_bytes(const mx_model *m)
         if (!L->is_moe)
             continue;
         b += mx_linear_bytes(&L->moe.router);
-        /* experts are the same size; count top_k of expert 0's size */
-        b += (uint64_t)m->top_k * expert_bytes(&L->moe.experts, 0);
+        /* experts are the same size; count top_k of it */
+        b += (uint64_t)m->top_k * L->moe.expert_bytes;
         if (L->moe.has_shared)
             b += mlp_bytes(&L->moe.shared) + mx_linear_bytes(&L->moe.shared_gate);
     }
