@@ -15,6 +15,7 @@
 #include "cli/common.h"
 #include "cli/commands.h"
 #include "cuda/cuda.h"
+#include "dist/dist.h"
 #include "model/model.h"
 #include "moe/moe.h"
 #include "util/membw.h"
@@ -74,6 +75,78 @@ static int32_t argmax(const float *x, int n)
         if (x[i] > x[b])
             b = i;
     return b;
+}
+
+/* Expert parallelism (mpirun -np N, docs/distributed.md): each rank's
+ * statistics summed over the timed decode runs. */
+#define MAX_RANKS 256
+typedef struct rank_sums {
+    mx_dist_stats st[MAX_RANKS];
+    long tokens;
+} rank_sums;
+
+static void ranks_add(rank_sums *rs, long tokens)
+{
+    mx_dist_stats now[MAX_RANKS];
+    mx_err e = {0};
+    if (mx_dist_size() > MAX_RANKS || mx_dist_stats_get(now, &e))
+        return;
+    for (int r = 0; r < mx_dist_size(); r++) {
+        mx_dist_stats *a = &rs->st[r];
+        a->t_compute += now[r].t_compute, a->t_comm += now[r].t_comm, a->t_idle += now[r].t_idle;
+        a->expert_bytes += now[r].expert_bytes, a->jobs += now[r].jobs;
+        a->sent += now[r].sent, a->received += now[r].received;
+    }
+    rs->tokens += tokens;
+}
+
+/* Weights one decode step reads besides the routed experts (on rank 0). */
+static uint64_t base_bytes_per_token(const mx_model *m)
+{
+    uint64_t ex = 0;
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->layers[l].is_moe)
+            ex += (uint64_t)m->top_k * m->layers[l].moe.expert_bytes;
+    const uint64_t all = mx_model_active_bytes(m);
+    return all > ex ? all - ex : 0;
+}
+
+static void ranks_print(const rank_sums *rs, const mx_model *m)
+{
+    const double n = rs->tokens > 0 ? (double)rs->tokens : 1, mib = 1048576.0;
+    printf("ranks            %d (expert parallelism over MPI; per decoded token)\n", mx_dist_size());
+    for (int r = 0; r < mx_dist_size(); r++) {
+        const mx_dist_stats *a = &rs->st[r];
+        printf("  rank %-3d       experts %6.2f MiB", r, (double)a->expert_bytes / n / mib);
+        if (r == 0)
+            printf(" + %.2f MiB besides", (double)base_bytes_per_token(m) / mib);
+        printf(", compute %.3f ms, ", 1e3 * a->t_compute / n);
+        if (r == 0)
+            printf("exchange %.3f ms (sent %.1f KiB, received %.1f KiB)\n", 1e3 * a->t_comm / n,
+                   (double)a->sent / n / 1024, (double)a->received / n / 1024);
+        else
+            printf("waiting for rank 0 %.3f ms\n", 1e3 * a->t_idle / n);
+    }
+}
+
+static void ranks_json(cJSON *o, const rank_sums *rs, const mx_model *m)
+{
+    const double n = rs->tokens > 0 ? (double)rs->tokens : 1;
+    cJSON *arr = cJSON_AddArrayToObject(o, "ranks");
+    for (int r = 0; r < mx_dist_size(); r++) {
+        const mx_dist_stats *a = &rs->st[r];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "rank", r);
+        cJSON_AddNumberToObject(x, "expert_bytes_per_token", (double)a->expert_bytes / n);
+        if (r == 0)
+            cJSON_AddNumberToObject(x, "other_bytes_per_token", (double)base_bytes_per_token(m));
+        cJSON_AddNumberToObject(x, "compute_s_per_token", a->t_compute / n);
+        cJSON_AddNumberToObject(x, r == 0 ? "exchange_s_per_token" : "wait_s_per_token",
+                                (r == 0 ? a->t_comm : a->t_idle) / n);
+        cJSON_AddNumberToObject(x, "sent_bytes_per_token", (double)a->sent / n);
+        cJSON_AddNumberToObject(x, "received_bytes_per_token", (double)a->received / n);
+        cJSON_AddItemToArray(arr, x);
+    }
 }
 
 /* Decodes n tokens from position `pos` (the prompt already in the cache),
@@ -207,6 +280,8 @@ int cmd_bench(int argc, char **argv)
      * uses the mean of its two probes.  The resident set is read before the
      * first probe (whose buffer would count in the peak). */
     series pre = {0}, dec = {0}, fused = {0}, gather = {0}, ttft = {0}, bws = {0}, roofs = {0};
+    static rank_sums ranks;   /* large: not on the stack */
+    const int dist = mx_dist_size() > 1;
     long long rss = 0;
     const uint64_t bpt = mx_model_active_bytes(m);
     for (long r = 0; r < reps; r++) {
@@ -222,6 +297,8 @@ int cmd_bench(int argc, char **argv)
             rss = mx_peak_rss_bytes();
         const double bw0 = bw_mb > 0 ? probe_bw(m, (size_t)bw_mb << 20) : 0;
         const int nd = dec.n;
+        if (dist)
+            mx_dist_stats_reset();
         if (!compare) {
             double ts;
             if ((rc = decode_run(m, s, prompt, (int)np, first, (int)ng, logits, &ts, &e)))
@@ -242,6 +319,8 @@ int cmd_bench(int argc, char **argv)
             }
             mx_moe_set_fused(-1);
         }
+        if (dist)
+            ranks_add(&ranks, compare ? 4 * ng : ng);
         if (bw_mb > 0) {
             const double bwr = (bw0 + probe_bw(m, (size_t)bw_mb << 20)) / 2;
             /* this repeat's default-path decode: all of it, or its fused runs */
@@ -295,6 +374,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "roofline_fraction_max", mxv(&roofs));
         cJSON_AddNumberToObject(o, "kv_cache_bytes_per_token", (double)mx_model_kv_bytes(m, 1));
         cJSON_AddNumberToObject(o, "recurrent_state_bytes", (double)(mx_model_state_floats(m) * sizeof(float)));
+        if (dist)
+            ranks_json(o, &ranks, m);
         char *str = cJSON_PrintUnformatted(o);
         printf("%s\n", str);
         free(str);
@@ -325,6 +406,8 @@ int cmd_bench(int argc, char **argv)
         printf("sequence memory  %8.1f KiB per token of KV cache, %.1f KiB of recurrent state\n",
                (double)mx_model_kv_bytes(m, 1) / 1024.0,
                (double)(mx_model_state_floats(m) * sizeof(float)) / 1024.0);
+        if (dist)
+            ranks_print(&ranks, m);
     }
     mx_seq_free(s);
     free(prompt);

@@ -7,19 +7,23 @@
 #include <cjson/cJSON.h>
 
 #include "cli/args.h"
+#include "dist/dist.h"
 #include "cli/commands.h"
 #include "model/family.h"
 #include "model/model.h"
 
 static void help(FILE *f)
 {
-    fprintf(f, "usage: mlxcel inspect -m DIR [--ctx N] [--json]\n\n"
+    fprintf(f, "usage: mlxcel inspect -m DIR [--ctx N] [--json] [--ranks N [--expert-map FILE]]\n\n"
                "Summarises a checkpoint: family, dimensions, the kind of each layer (dense, MoE, or\n"
                "both in parallel) and its attention (full or sliding window, head size, kv heads,\n"
                "K = V), the router (softmax top-k, sigmoid with choice bias and groups, sparsemixer,\n"
                "scaled input), norms, rotary embedding, expert layout, quantization per tensor\n"
                "class, parameter count, bytes on disk, and the memory needed for the weights and for\n"
-               "the KV cache at N tokens (default 4096).  --json prints one JSON object on stdout.\n");
+               "the KV cache at N tokens (default 4096).  --json prints one JSON object on stdout.\n"
+               "--ranks N prints how expert parallelism over N MPI ranks splits the routed experts\n"
+               "(balanced by bytes, or as --expert-map FILE says) and each rank's weights\n"
+               "(docs/distributed.md).\n");
 }
 
 /* ---- what a layer is ---------------------------------------------------- */
@@ -264,6 +268,7 @@ int cmd_inspect(int argc, char **argv)
     const char *dir = NULL;
     long ctx = 4096;
     int json = 0;
+    long ranks = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -277,6 +282,9 @@ int cmd_inspect(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--ranks")) {
+            if (!(v = arg_value(argc, argv, &i)) || arg_long(a, v, 1, 4096, &ranks))
+                return 2;
         } else {
             return arg_unknown("inspect", a, help);
         }
@@ -289,6 +297,13 @@ int cmd_inspect(int argc, char **argv)
     mx_model *m = NULL;
     if (mx_model_load(dir, &m, &e)) {
         fprintf(stderr, "mlxcel inspect: %s\n", e.msg);
+        return 1;
+    }
+    /* --ranks N: the experts' split over N ranks (docs/distributed.md) */
+    mx_dist_plan plan = {0};
+    if (ranks && mx_dist_plan_make(m, (int)ranks, mx_dist_expert_map(), &plan, &e)) {
+        fprintf(stderr, "mlxcel inspect: %s\n", e.msg);
+        mx_model_free(m);
         return 1;
     }
 
@@ -447,6 +462,15 @@ int cmd_inspect(int argc, char **argv)
                 cJSON_AddItemToArray(arr, x);
             }
         }
+        if (ranks) {
+            cJSON *ep = cJSON_AddObjectToObject(o, "expert_parallelism");
+            cJSON_AddNumberToObject(ep, "ranks", (double)ranks);
+            cJSON_AddStringToObject(ep, "plan", plan.source);
+            cJSON *rb = cJSON_AddArrayToObject(ep, "rank_weight_bytes");
+            for (int r = 0; r < plan.n_ranks; r++)
+                cJSON_AddItemToArray(rb, cJSON_CreateNumber((double)plan.bytes[r]));
+            cJSON_AddNumberToObject(ep, "rank0_kv_bytes", (double)kv);
+        }
         char *s = cJSON_Print(o);
         printf("%s\n", s);
         free(s);
@@ -513,7 +537,13 @@ int cmd_inspect(int argc, char **argv)
         printf("per token:    %.1f MiB of weights read by one decode step\n", (double)active / 1048576.0);
         printf("KV cache:     %.1f MiB at %ld tokens (f32)\n", (double)kv / 1048576.0, ctx);
         printf("total memory: %.1f MiB (weights + KV cache)\n", (double)(wbytes + kv) / 1048576.0);
+        if (ranks) {
+            mx_dist_plan_print(&plan, stdout);
+            printf("  rank 0 also holds the KV cache: %.1f MiB at %ld tokens\n", (double)kv / 1048576.0,
+                   ctx);
+        }
     }
+    mx_dist_plan_free(&plan);
     mx_model_free(m);
     return 0;
 }

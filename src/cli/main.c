@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "dist/dist.h"
 #include "mx_gitdesc.h"
 #include "quant/quant.h"
 #include "util/parallel.h"
@@ -83,7 +84,7 @@ static int unknown_command(const char *name)
     return 2;
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -118,4 +119,20 @@ int main(int argc, char **argv)
         return 2;
     }
     return unknown_command(a);
+}
+
+/* Under mpirun the ranks other than 0 serve rank 0's MoE blocks (dist.h);
+ * rank 0 runs the command. */
+int main(int argc, char **argv)
+{
+    mx_err e = {0};
+    if (mx_dist_init(&argc, &argv, &e)) {
+        fprintf(stderr, "mlxcel: %s\n", e.msg);
+        return 2;
+    }
+    if (mx_dist_rank() > 0)
+        return mx_dist_worker();
+    int rc = run(argc, argv);
+    mx_dist_finalize(rc);
+    return rc;
 }
