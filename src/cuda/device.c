@@ -11,6 +11,9 @@ int mx_device_select(mx_model *m, const char *name, mx_err *e)
         name = getenv("MLXCEL_DEVICE");
     if (!name || !*name || !strcmp(name, "cpu"))
         return MX_OK;
+    if (!strcmp(name, "cuda") && m->remote)   /* its experts are on other ranks (src/dist) */
+        return mx_fail(e, MX_EUNSUPPORTED, "--device cuda runs the whole model on one GPU: not with "
+                                           "expert parallelism over MPI (mpirun)");
     if (!strcmp(name, "cuda"))
         return mx_cuda_attach(m, e);
     return mx_fail(e, MX_EINVAL, "unknown device '%s' (--device / MLXCEL_DEVICE: cpu or cuda)", name);
