@@ -96,6 +96,7 @@ static void ranks_add(rank_sums *rs, long tokens)
         a->t_compute += now[r].t_compute, a->t_comm += now[r].t_comm, a->t_idle += now[r].t_idle;
         a->expert_bytes += now[r].expert_bytes, a->jobs += now[r].jobs;
         a->sent += now[r].sent, a->received += now[r].received;
+        a->peak_rss = now[r].peak_rss;
     }
     rs->tokens += tokens;
 }
@@ -121,11 +122,12 @@ static void ranks_print(const rank_sums *rs, const mx_model *m)
         if (r == 0)
             printf(" + %.2f MiB besides", (double)base_bytes_per_token(m) / mib);
         printf(", compute %.3f ms, ", 1e3 * a->t_compute / n);
+        const double rss = (double)a->peak_rss / mib;
         if (r == 0)
-            printf("exchange %.3f ms (sent %.1f KiB, received %.1f KiB)\n", 1e3 * a->t_comm / n,
-                   (double)a->sent / n / 1024, (double)a->received / n / 1024);
+            printf("exchange %.3f ms (sent %.1f KiB, received %.1f KiB), peak RSS %.0f MiB\n",
+                   1e3 * a->t_comm / n, (double)a->sent / n / 1024, (double)a->received / n / 1024, rss);
         else
-            printf("waiting for rank 0 %.3f ms\n", 1e3 * a->t_idle / n);
+            printf("waiting for rank 0 %.3f ms, peak RSS %.0f MiB\n", 1e3 * a->t_idle / n, rss);
     }
 }
 
@@ -145,6 +147,7 @@ static void ranks_json(cJSON *o, const rank_sums *rs, const mx_model *m)
                                 (r == 0 ? a->t_comm : a->t_idle) / n);
         cJSON_AddNumberToObject(x, "sent_bytes_per_token", (double)a->sent / n);
         cJSON_AddNumberToObject(x, "received_bytes_per_token", (double)a->received / n);
+        cJSON_AddNumberToObject(x, "peak_rss_bytes", (double)a->peak_rss);
         cJSON_AddItemToArray(arr, x);
     }
 }

@@ -44,7 +44,9 @@ static void usage(FILE *f)
                "  MLXCEL_FUSED_MOE_MAX_DFF=N  largest expert width the fused kernel takes\n"
                "  MLXCEL_KERNEL=NAME          force a kernel variant (scalar, avx2, avx512, avx512vnni)\n"
                "  MLXCEL_PRECISION=fast       one int8 level of x in the integer kernels (default exact)\n"
-               "  MLXCEL_TRACE_MOE=1          print MoE dispatch counts on stderr\n");
+               "  MLXCEL_TRACE_MOE=1          print MoE dispatch counts on stderr\n"
+               "\nexpert parallelism (builds with MPI; docs/distributed.md):\n"
+               "  mpirun -np N mlxcel COMMAND ... [--expert-map FILE]   the routed experts over N ranks\n");
 }
 
 /* Version, the commit and compiler it was built from, and the kernel variant

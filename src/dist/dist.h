@@ -100,6 +100,7 @@ typedef struct mx_dist_stats {
     uint64_t expert_bytes;              /* weights of the routed experts it ran (each once per job) */
     long jobs;                          /* MoE blocks it took part in */
     uint64_t sent, received;            /* message bytes */
+    uint64_t peak_rss;                  /* the process's peak resident set (not reset) */
 } mx_dist_stats;
 
 /* Rank 0: every rank's statistics into per_rank[mx_dist_size()]. */

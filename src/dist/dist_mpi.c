@@ -39,6 +39,7 @@
 #include "util/file.h"
 #include "util/parallel.h"
 #include "util/scratch.h"
+#include "util/sysinfo.h"
 
 enum { TAG_CMD = 11, TAG_REPLY = 12 };
 enum { CMD_LOAD = 1, CMD_VERDICT, CMD_JOB, CMD_STATS, CMD_RESET, CMD_UNLOAD, CMD_END };
@@ -855,6 +856,7 @@ int mx_dist_worker(void)
             g.st.t_compute += mx_now() - t1;
             break;
         case CMD_STATS:
+            g.st.peak_rss = (uint64_t)mx_peak_rss_bytes();
             memcpy(small + REPLY_BYTES, &g.st, sizeof g.st);
             reply(MX_OK, NULL, small + REPLY_BYTES, sizeof g.st, small);
             break;
@@ -897,6 +899,7 @@ void mx_dist_finalize(int exit_code)
 
 int mx_dist_stats_get(mx_dist_stats *per_rank, mx_err *e)
 {
+    g.st.peak_rss = (uint64_t)mx_peak_rss_bytes();
     per_rank[0] = g.st;
     unsigned char *buf = NULL;
     size_t cap = 0, len = 0;
