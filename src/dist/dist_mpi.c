@@ -12,19 +12,18 @@
  *   STATS, RESET, UNLOAD, END
  *
  * One MoE block on rank 0 (remote_run, called by every thread of the
- * forward pass's team):
- *   master   owners of each token's experts; rank 0's own share as a
+ * forward pass's team; the barriers are the team's):
+ *   first    owners of each token's experts; rank 0's own share as a
  *            sub-job; one message per rank with work; sends posted and
  *            completed, receives posted                            barrier
  *   all      rank 0's share through the path chosen (+ the extras)  barrier
- *   master   the other ranks' outputs received                      barrier
+ *   first    the other ranks' outputs received                      barrier
  *   all      out[t] = sum of token t's slots in job order, split by element
- * MPI is called from the master thread alone (MPI_THREAD_SERIALIZED: the
+ * MPI is called from the team's first thread alone (MPI_THREAD_SERIALIZED: the
  * server runs passes on a thread of its own, one at a time).  Waiting polls,
  * then yields, then naps: ranks of one host share its cores, and a rank that
  * spins takes the core another one computes on. */
 #include <mpi.h>
-#include <omp.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,7 +271,7 @@ typedef struct remote {
     mx_moe_remote iface;
     mx_model *m;
     mx_dist_plan plan;
-    /* the block being run, written by the master thread */
+    /* the block being run, written by the team's first thread */
     int rc;
     mx_err err;
     int n_work;                 /* ranks with work */
@@ -362,8 +361,9 @@ static void fill_kernel(cmd_hdr *h)
     h->precision = (int32_t)mx_precision_get();
 }
 
-/* The master thread's part before the experts run: who runs what, rank 0's
- * sub-job, the messages sent.  Returns MX_OK or fails into r->err. */
+/* The team's first thread's part before the experts run: who runs what,
+ * rank 0's sub-job, the messages sent.  Returns MX_OK or fails into
+ * r->err. */
 static int exchange_out(remote *r, const mx_moe_job *job, mx_moe_path path)
 {
     const mx_model *m = r->m;
@@ -478,7 +478,7 @@ static int exchange_out(remote *r, const mx_moe_job *job, mx_moe_path path)
     return MX_OK;
 }
 
-/* The master thread's part after: the other ranks' outputs. */
+/* The team's first thread's part after: the other ranks' outputs. */
 static int exchange_in(remote *r)
 {
     wait_all(r->n_work, r->rq);
@@ -515,47 +515,45 @@ static void sum_slots(const remote *r, const mx_moe_job *job, int ith, int nth)
 }
 
 static int remote_run(mx_moe_remote *iface, const mx_moe_job *job, mx_moe_path path, mx_vec *x,
-                      void *fused_buf, mx_err *e)
+                      void *fused_buf, mx_team *team, int ith, mx_err *e)
 {
     remote *r = (remote *)iface;
     mx_model *m = r->m;
-    const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+    const int nth = atomic_load_explicit(&team->n, memory_order_relaxed);
     double t1 = 0;
-#pragma omp master
-    {
+    if (ith == 0) {   /* MPI from the team's first thread alone */
         r->t0 = mx_now();
         r->rc = exchange_out(r, job, path);
         t1 = mx_now();
         g.st.t_comm += t1 - r->t0;
         g.st.jobs++;
     }
-#pragma omp barrier
+    mx_team_sync(team);
     int rc = r->rc;
     if (!rc && r->own_P > 0) {
         if (path == MX_MOE_FUSED) {
             mx_moe_plan plan;
             mx_moe_plan_of(&plan, &r->own);
-            mx_moe_fused_team(&plan, x, fused_buf, NULL);
+            mx_moe_fused_team(&plan, x, fused_buf, NULL, team, ith);
         } else {
-            rc = mx_moe_gather_team(&r->own, m->gather, &m->moe_arena, e);
+            rc = mx_moe_gather_team(&r->own, m->gather, &m->moe_arena, team, ith, e);
         }
     }
-#pragma omp master
-    {
+    if (ith == 0) {
         const double t2 = mx_now();
         g.st.t_compute += t2 - t1;
         if (!r->rc && !rc)
             r->rc = exchange_in(r);
         g.st.t_comm += mx_now() - t2;
     }
-#pragma omp barrier
+    mx_team_sync(team);
     if (r->rc || rc) {
         if (r->rc && ith == 0)
             *e = r->err;
         return r->rc ? r->rc : rc;
     }
     sum_slots(r, job, ith, nth);
-#pragma omp barrier
+    mx_team_sync(team);
     return MX_OK;
 }
 
@@ -723,6 +721,38 @@ static int worker_load(worker *w, size_t len, mx_err *e)
     return rc;
 }
 
+/* One job's run on this rank's pool of threads (util/parallel.h), as a
+ * single process runs the paths standalone (moe/dispatch.c). */
+typedef struct worker_run {
+    const mx_moe_job *job;
+    mx_moe_plan plan;              /* fused */
+    void *buf;
+    unsigned char *xbuf;           /* fused: each thread's prepared x */
+    size_t xb;
+    mx_model *m;                   /* gather: its state and arena */
+    mx_team team;
+    int rc;                        /* gather: thread 0's code (every thread's) */
+    mx_err *e;
+} worker_run;
+
+static void worker_fused_thread(void *arg, int ith, int nth)
+{
+    worker_run *r = arg;
+    mx_team_join(&r->team, nth);
+    mx_vec xv;
+    mx_vec_init(&xv, r->job->x, r->job->d_model, r->xbuf + r->xb * (size_t)ith);
+    mx_moe_fused_team(&r->plan, &xv, r->buf, NULL, &r->team, ith);
+}
+
+static void worker_gather_thread(void *arg, int ith, int nth)
+{
+    worker_run *r = arg;
+    mx_team_join(&r->team, nth);
+    const int rc = mx_moe_gather_team(r->job, r->m->gather, &r->m->moe_arena, &r->team, ith, r->e);
+    if (ith == 0)
+        r->rc = rc;
+}
+
 /* A JOB: this rank's experts of some tokens through the path rank 0 chose;
  * the reply carries each (token, expert) output in message order. */
 static int worker_job(worker *w, size_t len, mx_err *e)
@@ -781,24 +811,16 @@ static int worker_job(worker *w, size_t len, mx_err *e)
         if (mx_arena_reserve(&w->arena, fb + (size_t)nth * xb)) {
             rc = mx_fail(e, MX_ENOMEM, "out of memory for the fused path");
         } else {
-            void *buf = mx_arena_take(&w->arena, fb);
-            unsigned char *xbuf = mx_arena_take(&w->arena, (size_t)nth * xb);
-#pragma omp parallel num_threads(nth)
-            {
-                mx_vec xv;
-                mx_vec_init(&xv, x, d, xbuf + xb * (size_t)omp_get_thread_num());
-                mx_moe_fused_team(&plan, &xv, buf, NULL);
-            }
+            worker_run run = {.job = &job, .plan = plan, .buf = mx_arena_take(&w->arena, fb),
+                              .xbuf = mx_arena_take(&w->arena, (size_t)nth * xb), .xb = xb};
+            mx_team_init(&run.team);
+            mx_pool_run(nth, worker_fused_thread, &run);
         }
     } else if (!rc) {
-        int grc = MX_OK;
-#pragma omp parallel num_threads(nth)
-        {
-            int r = mx_moe_gather_team(&job, w->m->gather, &w->m->moe_arena, e);
-#pragma omp master
-            grc = r;
-        }
-        rc = grc;
+        worker_run run = {.job = &job, .m = w->m, .e = e};
+        mx_team_init(&run.team);
+        mx_pool_run(nth, worker_gather_thread, &run);
+        rc = run.rc;
     }
     free(routes);
     if (!rc) {

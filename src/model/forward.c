@@ -578,7 +578,7 @@ static int run_job(pass *p, lane *ln, const mx_moe_job *job, mx_vec *x, void *fu
     const mx_moe_path path = mx_moe_choose(job, NULL);
     int rc = MX_OK;
     if (m->remote && job->ex) {   /* experts spread over processes (src/dist) */
-        rc = m->remote->run(m->remote, job, path, x, fused_buf, p->e);
+        rc = m->remote->run(m->remote, job, path, x, fused_buf, &p->team, ln->ith, p->e);
     } else if (path == MX_MOE_FUSED) {
         mx_moe_plan plan;
         mx_moe_plan_of(&plan, job);

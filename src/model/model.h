@@ -136,13 +136,14 @@ typedef struct mx_backend {
  * process (expert parallelism over MPI, src/dist).  The forward pass hands
  * every job with routed experts to run(), on every thread of its team as it
  * would call the paths, with the path mx_moe_choose picked, the calling
- * thread's prepared x (the fused path's) and the pass's fused buffer;
- * run() leaves job->out as that path would and returns the same code on
- * every thread. */
+ * thread's prepared x (the fused path's), the pass's fused buffer, the
+ * pass's team (util/parallel.h: its barrier and dynamic loops) and the
+ * thread's index in it; run() leaves job->out as that path would and
+ * returns the same code on every thread. */
 typedef struct mx_moe_remote mx_moe_remote;
 struct mx_moe_remote {
     int (*run)(mx_moe_remote *r, const mx_moe_job *job, mx_moe_path path, mx_vec *x,
-               void *fused_buf, mx_err *e);
+               void *fused_buf, mx_team *team, int ith, mx_err *e);
     void (*release)(mx_moe_remote *r);   /* by mx_model_free */
 };
 
