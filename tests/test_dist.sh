@@ -5,7 +5,8 @@
 #    off, the same logits bit for bit as one process (prompt, greedy decode
 #    through the cache, a batched step), greedy ids and last prompt logits
 #    as the reference
-#  - `mlxcel generate --ids-only` under mpirun equals the plain run
+#  - `mlxcel generate --ids-only` under mpirun equals the plain run, also
+#    with an --expert-map that interleaves the ranks
 #  - `mlxcel serve` under mpirun answers a greedy chat completion as alone
 #  - a rank that cannot load its share (its copy of the checkpoint is
 #    truncated) or holds another checkpoint (config.json differs): the job
@@ -71,6 +72,15 @@ for np in 2 3; do
   fi
 done
 
+# ... and with an expert map that interleaves the ranks (every MoE layer)
+E=$(jq '.num_experts' "$F/config.json")
+{ printf '*:'; for ((x = 0; x < E; x++)); do printf ' %d' $((x % 2)); done; echo; } >"$T/map"
+timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" generate -m "$F" -p "The capital of France is" -n 16 --temp 0 \
+  --ids-only --expert-map "$T/map" >"$T/idsmap" 2>"$T/genmap.err"
+if [ -s "$T/ids1" ] && cmp -s "$T/ids1" "$T/idsmap"; then ok; else
+  bad "generate -np 2 --expert-map: ids '$(cat "$T/idsmap")' vs alone '$(cat "$T/ids1")'"; tail -5 "$T/genmap.err" >&2
+fi
+
 # 3. the server: one greedy chat completion, under mpirun and alone
 start_server() {  # log file, then the launcher words
   local log=$1; shift
@@ -99,7 +109,9 @@ if start_server "$T/serve2.log" "${MPIRUN[@]}" -np 2; then
   answer >"$T/ans2"
   # 5. a rank that dies ends the job: kill rank 1 (a child of mpirun)
   rank1=
-  for c in $(ps -o pid= --ppid "$SPID"); do
+  for st in /proc/[0-9]*/stat; do   # mpirun's children (no ps in a bare container)
+    c=${st#/proc/}; c=${c%/stat}
+    [ "$(sed 's/^.*) [^ ]* \([0-9]*\).*/\1/' "$st" 2>/dev/null)" = "$SPID" ] || continue
     tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && rank1=$c
   done
   if [ -n "$rank1" ]; then
