@@ -9,8 +9,9 @@
 #    with an --expert-map that interleaves the ranks
 #  - `mlxcel serve` under mpirun answers a greedy chat completion as alone
 #  - a rank that cannot load its share (its copy of the checkpoint is
-#    truncated) or holds another checkpoint (config.json differs): the job
-#    ends with a message naming the rank and the tensor on every rank
+#    truncated; rank 1's or rank 0's own) or holds another checkpoint
+#    (config.json differs): the job ends with a message naming the rank and
+#    the tensor on every rank
 #  - a rank killed under a running server ends the job (no hang)
 #
 # Each rank runs one thread (MLXCEL_THREADS=1) so three ranks fit two
@@ -149,6 +150,16 @@ else
   bad "a rank with a broken copy: exit $rc"; cat "$T/trunc.err" >&2
 fi
 cp "$Q/model.safetensors" "$T/b/ckpt/model.safetensors"
+# ... and rank 0's own copy broken: every rank names rank 0
+truncate -s -4096 "$T/a/ckpt/model.safetensors"
+two_hosts "$T/trunc0.err"; rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'rank 0 of 2 could not load its share' "$T/trunc0.err")" -ge 2 ] &&
+   grep 'rank 0 of 2' "$T/trunc0.err" | grep -q "tensor '"; then
+  ok; echo "rank 0 with a broken copy: $(grep -m1 'rank 0 of 2' "$T/trunc0.err")"
+else
+  bad "rank 0 with a broken copy: exit $rc"; cat "$T/trunc0.err" >&2
+fi
+cp "$Q/model.safetensors" "$T/a/ckpt/model.safetensors"
 sed -i 's/"rms_norm_eps"/ "rms_norm_eps"/' "$T/b/ckpt/config.json"
 two_hosts "$T/other.err"; rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'is not the checkpoint rank 0 loaded' "$T/other.err")" -ge 2 ]; then

@@ -571,6 +571,19 @@ static int slice_reply(int w, unsigned char **buf, size_t *cap, int *rc, char *m
     return MX_OK;
 }
 
+/* The verdict on a load to every other rank: rc nonzero and why make each
+ * one print why (so the job's every rank names the one at fault). */
+static void verdict_to_all(int rc, const char *why)
+{
+    unsigned char c[HDR_BYTES + REPLY_BYTES] = {0};
+    ((cmd_hdr *)(void *)c)->cmd = CMD_VERDICT;
+    reply_hdr *vh = (reply_hdr *)(void *)(c + HDR_BYTES);
+    vh->rc = rc;
+    snprintf(vh->msg, sizeof vh->msg, "%s", why);
+    for (int w = 1; w < g.size; w++)
+        send_to(w, TAG_CMD, c, sizeof c);
+}
+
 /* Rank 0's mx_model_load: its own share, then every other rank's (the
  * same path, fingerprint and plan), and the verdict to all. */
 static int dist_load(const char *dir, mx_model **out, mx_err *e)
@@ -595,6 +608,8 @@ static int dist_load(const char *dir, mx_model **out, mx_err *e)
     if (rc) {
         mx_model_free(m);
         remote_free(r);
+        mx_err_prefix(e, "rank 0 of %d could not load its share of the model", g.size);
+        verdict_to_all(rc, e ? e->msg : "");
         return rc;
     }
     /* every other rank loads its share */
@@ -634,16 +649,7 @@ static int dist_load(const char *dir, mx_model **out, mx_err *e)
         }
     }
     free(buf);
-    unsigned char v[REPLY_BYTES] = {0};
-    reply_hdr *vh = (reply_hdr *)(void *)v;
-    vh->rc = bad;
-    snprintf(vh->msg, sizeof vh->msg, "%s", why);
-    for (int w = 1; w < g.size; w++) {
-        unsigned char c[HDR_BYTES + REPLY_BYTES] = {0};
-        ((cmd_hdr *)(void *)c)->cmd = CMD_VERDICT;
-        memcpy(c + HDR_BYTES, v, sizeof v);
-        send_to(w, TAG_CMD, c, sizeof c);
-    }
+    verdict_to_all(bad, why);
     r->iface = (mx_moe_remote){.run = remote_run, .release = remote_release};
     r->m = m;
     m->remote = &r->iface;
