@@ -11,6 +11,9 @@
  *     counts (prefill gather only; decode fused or gather as switched),
  *     a two-sequence batched step, and the CUDA graph step equal to the
  *     step without it;
+ *   - every affine format through the matvec and tile kernels, and 4- and
+ *     8-bit matrices of 20001 x 2432 through the streaming matvec, against
+ *     the CPU;
  *   - the families it does not support: attach fails naming the feature;
  *   - models/kjv-moe (trained): GPU logits against the CPU's for prompts of
  *     1, 5 (the matvec path) and 600 tokens (tiles, several attention
@@ -328,6 +331,49 @@ static void linears(void)
     free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);
 }
 
+/* One token through wide, tall 4- and 8-bit matrices: rows enough that
+ * each warp of the streaming kernel walks several row groups (its blocks
+ * stay resident), rows long enough for several steps per group, the last
+ * one partial. */
+static void wide_linears(void)
+{
+    static const int bits[] = {4, 8}, gss[] = {32, 64, 128};
+    static const mx_dtype sdt[] = {MX_F16, MX_BF16, MX_F32};
+    const int64_t rows = 20001, cols = 2432;
+    unsigned long long seed = 7;
+    float *w = malloc(sizeof(float) * rows * cols), *X = malloc(sizeof(float) * cols);
+    float *ref = malloc(sizeof(float) * rows), *got = malloc(sizeof(float) * rows);
+    uint8_t *packed = malloc((size_t)(rows * cols));
+    float *sc = malloc(sizeof(float) * rows * cols / 32), *bi = malloc(sizeof(float) * rows * cols / 32);
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = test_randf(&seed);
+    mx_qkernels_force("scalar");
+    int bad = 0;
+    for (size_t ib = 0; ib < 2; ib++)
+        for (size_t ig = 0; ig < 3; ig++)
+            for (size_t is = 0; is < 3; is++) {
+                mx_err e = {0};
+                CHECK_OK(mx_quantize(w, rows, cols, bits[ib], gss[ig], sdt[is], packed, sc, bi, &e), &e);
+                mx_linear l = {.quantized = 1, .rows = rows, .cols = cols,
+                               .q = {.w = packed, .scales = sc, .biases = bi, .rows = rows, .cols = cols,
+                                     .bits = bits[ib], .group_size = gss[ig], .sdtype = sdt[is]}};
+                for (int64_t i = 0; i < cols; i++)
+                    X[i] = test_randf(&seed);
+                mx_linear_matmul(&l, X, 1, ref);
+                int rc = mx_cuda_linear(&l, X, 1, got, &e);
+                CHECK_OK(rc, &e);
+                const double d = max_abs_diff(ref, got, (size_t)rows) / (max_abs(ref, (size_t)rows) + 1e-30);
+                if (rc || d > 1e-5) {
+                    bad++;
+                    fprintf(stderr, "wide linear %d-bit group %d sdtype %d: relative difference %g\n", bits[ib],
+                            gss[ig], (int)sdt[is], d);
+                }
+            }
+    mx_qkernels_force(NULL);
+    CHECKF(bad == 0, "%d of 18 wide GPU linears differ from the CPU reference", bad);
+    free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);
+}
+
 /* GPU vs CPU on the trained demo model: prompts of n tokens, then steps
  * greedy tokens, logits within 1e-3 and the same greedy ids. */
 static void kjv(const char *dir, int n, int steps)
@@ -387,6 +433,7 @@ int main(void)
     }
     fprintf(stderr, "GPU: %s\n", info);
     linears();
+    wide_linears();
     const char *src = getenv("MLXCEL_SRC");
     if (src) {
         char dir[1024];

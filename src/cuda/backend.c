@@ -59,6 +59,8 @@ typedef struct cu_layer {
     int64_t dff, extra_ff[MX_MOE_MAX_EXTRA], ff_max;
     int all_quant;                            /* every expert matrix quantized */
     int gu_bits;                              /* the width of every gate/up matrix (same group size), or -1 */
+    int s_bits, s_dt;                         /* every gate/up/down 4- or 8-bit with one scale dtype
+                                                 (the streaming kernels, mxc_moe_stream), else s_bits 0 */
     int gpu_route;                            /* softmax top-k on the GPU */
     const float *expert_scale;
 } cu_layer;
@@ -425,6 +427,12 @@ static int setup_layer(cu_ctx *c, int l, mx_err *e)
             cl->gu_bits = -1;
     if (cl->gu_bits <= 0)
         cl->gu_bits = -1;
+    const mxc_mat *sm0 = &c->mats[cl->table];
+    cl->s_bits = sm0->bits == 4 || sm0->bits == 8 ? sm0->bits : 0;
+    cl->s_dt = sm0->dt;
+    for (int i = cl->table; i < cl->table + 3 * (cl->E + cl->n_extra); i++)
+        if (c->mats[i].bits != cl->s_bits || c->mats[i].dt != cl->s_dt)
+            cl->s_bits = 0;
     cl->ff_max = cl->dff;
     for (int x = 0; x < cl->n_extra; x++)
         cl->ff_max = cl->extra_ff[x] > cl->ff_max ? cl->extra_ff[x] : cl->ff_max;
@@ -712,8 +720,9 @@ static int host_routes(call *k, int l, mx_err *e)
 }
 
 /* One token's expert sum: both fused phases over all slots, or (gather)
- * one expert at a time. */
-static int moe_one(call *k, int l, const int *P, const float *W, int fused, mx_err *e)
+ * one expert at a time; *dl says where it is (each slot's row apart, or
+ * b->ffn). */
+static int moe_one(call *k, int l, const int *P, const float *W, int fused, mxc_delta *dl, mx_err *e)
 {
     cu_ctx *c = k->c;
     const cu_layer *cl = &c->layers[l];
@@ -721,6 +730,22 @@ static int moe_one(call *k, int l, const int *P, const float *W, int fused, mx_e
     mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P, .W = W, .lo = 0, .hi = cl->Kp, .x = b->xn,
                   .h = b->H, .out = b->ffn, .d = c->m->d, .act = c->m->act == MX_ACT_GELU_TANH};
     slot_offsets(cl, p.off);
+    if (cl->s_bits) {
+        p.bits = cl->s_bits;
+        p.Y = b->Y;
+        if (fused) {
+            KL(mxc_moe_stream(c->st, &p, cl->s_dt));
+        } else {
+            for (int j = 0; j < cl->Kp; j++) {
+                p.lo = j;
+                p.hi = j + 1;
+                KL(mxc_moe_stream(c->st, &p, cl->s_dt));
+            }
+        }
+        *dl = (mxc_delta){.Y = b->Y, .W = W, .K = cl->Kp};
+        return MX_OK;
+    }
+    *dl = (mxc_delta){.D = b->ffn};
     p.bits = cl->gu_bits;
     if (fused) {
         KL(mxc_moe_phase1(c->st, &p));
@@ -810,17 +835,18 @@ static int mlp_many(call *k, int l, mx_err *e)
     return MX_OK;
 }
 
-static int ffn(call *k, int l, mx_err *e)
+static int ffn(call *k, int l, mxc_delta *dl, mx_err *e)
 {
     cu_ctx *c = k->c;
     const mx_model *m = c->m;
     const cu_layer *cl = &c->layers[l];
     cu_buf *b = k->b;
     const int T = k->T, d = m->d;
+    *dl = (mxc_delta){.D = b->ffn};
     if (!cl->is_moe) {
         if (T > 1)
             return mlp_many(k, l, e);
-        return moe_one(k, l, c->one_P, c->one_W, 1, e);
+        return moe_one(k, l, c->one_P, c->one_W, 1, dl, e);
     }
     /* router logits and the shared expert's gate logit */
     if (T <= MXC_MV_MAXT) {
@@ -858,7 +884,7 @@ static int ffn(call *k, int l, mx_err *e)
     const int fused = takes_fused(cl, k->fused);
     if (!k->graph)   /* a captured step is counted when it runs (count_step) */
         mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, 1);
-    return moe_one(k, l, b->P, b->W, fused, e);
+    return moe_one(k, l, b->P, b->W, fused, dl, e);
 }
 
 /* The trace's copy of rows [T][d] of x after layer `slot` (0: embeddings). */
@@ -882,18 +908,19 @@ static int run_pass(call *k, int want_last, mx_err *e)
     KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, T, m->embed_scale, b->x));
     if (tr && tr->hidden && (rc = trace_rows(k, b->x, 0, e)))
         return rc;
-    const float *delta = NULL;
+    mxc_delta dl = {0};
+    const mxc_delta *delta = NULL, att_out = {.D = b->out};
     for (int l = 0; l < m->n_layers; l++) {
         const cu_layer *cl = &c->layers[l];
         KL(mxc_addnorm(c->st, b->x, delta, cl->an_w, cl->an_b, T, d, m->eps, b->xn));
         if ((rc = attention(k, l, e)))
             return rc;
-        KL(mxc_addnorm(c->st, b->x, b->out, cl->fn_w, cl->fn_b, T, d, m->eps, b->xn));
-        if ((rc = ffn(k, l, e)))
+        KL(mxc_addnorm(c->st, b->x, &att_out, cl->fn_w, cl->fn_b, T, d, m->eps, b->xn));
+        if ((rc = ffn(k, l, &dl, e)))
             return rc;
-        delta = b->ffn;
+        delta = &dl;
         if (tr && tr->hidden && l + 1 < m->n_layers) {
-            KL(mxc_add(c->st, b->x, b->ffn, (int64_t)T * d));
+            KL(mxc_add(c->st, b->x, &dl, T, d));
             delta = NULL;
             if ((rc = trace_rows(k, b->x, l + 1, e)))
                 return rc;
@@ -1124,6 +1151,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         return mx_fail(e, MX_ENOMEM, "out of memory");
     c->m = m;
     c->graphable = 1;
+    mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);

@@ -81,13 +81,27 @@ int mxc_tile_run(cudaStream_t st, const mxc_tile *t);
 /* x[t] = embed row tokens[t] times scale. */
 int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x);
 
+/* What a step adds to the residual stream, per token t: the row D + t*d
+ * (K = 0), or the weighted sum of the token's K slot rows,
+ * sum_j W[t*K + j] Y[(t*K + j)*d + i] in slot order (the fused MoE's
+ * second phase leaves each slot's down projection apart). */
+typedef struct mxc_delta {
+    const float *D;
+    const float *Y, *W;
+    int K;
+} mxc_delta;
+
 /* x[t] += delta[t] (delta may be NULL), xn[t] = norm(x[t]): RMSNorm with w,
  * or LayerNorm with w and b when b is not NULL.  T rows of d. */
-int mxc_addnorm(cudaStream_t st, float *x, const float *delta, const float *w, const float *b, int T,
+int mxc_addnorm(cudaStream_t st, float *x, const mxc_delta *delta, const float *w, const float *b, int T,
                 int d, float eps, float *xn);
 
-/* x[i] += d[i], i < n. */
-int mxc_add(cudaStream_t st, float *x, const float *d, int64_t n);
+/* x[t] += delta[t], t < T. */
+int mxc_add(cudaStream_t st, float *x, const mxc_delta *delta, int T, int d);
+
+/* Programmatic dependent launch for every kernel after a step's first
+ * (on unless MLXCEL_CUDA_PDL=0). */
+void mxc_set_pdl(int on);
 
 /* After the q, k, v projections of T tokens: each q head clipped, normed
  * and rotated into qr [T][nh][hd]; each kv head's k (the same) and v
@@ -158,11 +172,19 @@ typedef struct mxc_moe1 {
     int act;
     int accumulate;              /* phase 2 adds to out instead of overwriting it */
     int bits;                    /* every slot's gate and up have this width and group size (-1: mixed) */
+    float *Y;                    /* mxc_moe_stream: slot j's output at Y + j * d */
+    int blk[MXC_MAX_SLOTS + 1];  /* mxc_moe_stream's own: the blocks of each slot in phase 2 */
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */
 int mxc_moe_phase1(cudaStream_t st, const mxc_moe1 *p);
 int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p);
+
+/* Both phases through the streaming kernels (every gate, up and down
+ * matrix of the slots p->bits = 4 or 8 wide with scales of dtype dt):
+ * h as phase 1, then slot j's down projection of h_j into p->Y + j * d,
+ * unweighted (an mxc_delta of the slots sums them with W). */
+int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt);
 
 /* out[t][i] = sum_j W[t][j] Y[t * K + j][i], t < T, i < d. */
 int mxc_combine(cudaStream_t st, const float *Y, const float *W, int T, int K, int64_t d, float *out);

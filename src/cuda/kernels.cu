@@ -26,6 +26,51 @@
 /* 0, or the launch's error code. */
 static int launched(void) { return (int)cudaGetLastError(); }
 
+/* ---- programmatic dependent launch --------------------------------------------
+ *
+ * Every kernel but the step's first is launched with programmatic stream
+ * serialisation (Hopper): it may start while its predecessor finishes, and
+ * waits (griddepcontrol.wait) before it touches anything an earlier kernel
+ * writes or reads.  Every block of every kernel executes the wait before
+ * it ends, so "kernel N finished" still implies "kernels < N finished".
+ * The decode matvecs issue their first weight loads (model data nothing
+ * writes) before the wait: they stream during the previous kernel's tail. */
+static int g_pdl = 1;
+
+extern "C" void mxc_set_pdl(int on) { g_pdl = on; }
+
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#ifdef MXC_PDL_EARLY
+__device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+#else
+__device__ __forceinline__ void pdl_go(void) {}
+#endif
+/* what a kernel does first when it has nothing to do before the wait */
+__device__ __forceinline__ void pdl_enter(void)
+{
+    pdl_go();
+    pdl_wait();
+}
+
+/* k<<<grid, block, smem, st>>>(args), with programmatic serialisation
+ * unless pdl is 0 (a step's first kernel, after copies) or MLXCEL_CUDA_PDL=0. */
+template <typename... P, typename... A>
+static int launch_k(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int pdl, A... args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl && g_pdl ? 1 : 0;
+    const cudaError_t ce = cudaLaunchKernelEx(&cfg, k, ((P)args)...);
+    return ce != cudaSuccess ? (int)ce : launched();
+}
+
 /* ---- small device helpers ------------------------------------------------- */
 
 __device__ __forceinline__ float ldf(const void *p, int dt, int64_t i)
@@ -402,6 +447,7 @@ __device__ __forceinline__ void dual_rows(const mxc_mat &g, const mxc_mat &u, in
 template <int R, int B>
 __global__ void __launch_bounds__(THREADS, 2) k_matvec1(mxc_mv mv, const float *x, int64_t groups)
 {
+    pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t gid = (int64_t)blockIdx.x * WARPS + warp;
     if (gid >= groups)
@@ -425,7 +471,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_matvec1(mxc_mv mv, const float *
 }
 
 template <int R>
-static void launch_matvec1(cudaStream_t st, const mxc_mv *mv, const float *X)
+static int launch_matvec1(cudaStream_t st, const mxc_mv *mv, const float *X)
 {
     int64_t groups = 0;
     for (int i = 0; i < mv->n; i++)
@@ -435,11 +481,11 @@ static void launch_matvec1(cudaStream_t st, const mxc_mv *mv, const float *X)
         bits = mv->m[i].bits == bits ? bits : -1;
     const unsigned nb = (unsigned)((groups + WARPS - 1) / WARPS);
     if (bits == 4)
-        k_matvec1<R, 4><<<nb, THREADS, 0, st>>>(*mv, X, groups);
+        return launch_k(k_matvec1<R, 4>, nb, THREADS, 0, st, 1, *mv, X, groups);
     else if (bits == 8)
-        k_matvec1<R, 8><<<nb, THREADS, 0, st>>>(*mv, X, groups);
+        return launch_k(k_matvec1<R, 8>, nb, THREADS, 0, st, 1, *mv, X, groups);
     else
-        k_matvec1<R, -1><<<nb, THREADS, 0, st>>>(*mv, X, groups);
+        return launch_k(k_matvec1<R, -1>, nb, THREADS, 0, st, 1, *mv, X, groups);
 }
 
 /* ---- matvec: T <= 8 tokens, up to 4 matrices in one launch ------------------ */
@@ -448,6 +494,7 @@ template <int NT>
 __global__ void __launch_bounds__(THREADS) k_matvec(mxc_mv mv, const float *X, int64_t ldx, int T,
                                                    int64_t total)
 {
+    pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t r = (int64_t)blockIdx.x * WARPS + warp;
     if (r >= total)
@@ -472,6 +519,8 @@ __global__ void __launch_bounds__(THREADS) k_matvec(mxc_mv mv, const float *X, i
     }
 }
 
+static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x);
+
 int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T)
 {
     int64_t total = 0;
@@ -479,16 +528,16 @@ int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, i
         total += mv->m[i].rows;
     const unsigned blocks = (unsigned)((total + WARPS - 1) / WARPS);
     if (T == 1) {
+        const int rc = matvec_stream(st, mv, X);
+        if (rc >= 0)
+            return rc;
         if (total >= 16384)
-            launch_matvec1<4>(st, mv, X);
-        else if (total >= 4096)
-            launch_matvec1<2>(st, mv, X);
-        else
-            launch_matvec1<1>(st, mv, X);
-    } else {
-        k_matvec<MXC_MV_MAXT><<<blocks, THREADS, 0, st>>>(*mv, X, ldx, T, total);
+            return launch_matvec1<4>(st, mv, X);
+        if (total >= 4096)
+            return launch_matvec1<2>(st, mv, X);
+        return launch_matvec1<1>(st, mv, X);
     }
-    return launched();
+    return launch_k(k_matvec<MXC_MV_MAXT>, blocks, THREADS, 0, st, 1, *mv, X, ldx, T, total);
 }
 
 /* ---- the tile kernel (prefill) ------------------------------------------------ */
@@ -523,6 +572,7 @@ __device__ __forceinline__ void dequant8(const mxc_mat &M, int64_t r, int64_t c,
  * memory; each thread owns 4 rows x 2 tokens of the output. */
 __global__ void __launch_bounds__(256) k_tile(mxc_tile a)
 {
+    pdl_enter();
     __shared__ float Ws[2][MXC_TILE_R][33];
     __shared__ float Xs[MXC_TILE_T][33];
     mxc_item it;
@@ -624,14 +674,14 @@ int mxc_tile_run(cudaStream_t st, const mxc_tile *t)
     if (ny <= 0)
         return 0;
     dim3 grid((unsigned)((t->max_rows + MXC_TILE_R - 1) / MXC_TILE_R), (unsigned)ny);
-    k_tile<<<grid, 256, 0, st>>>(*t);
-    return launched();
+    return launch_k(k_tile, grid, 256, 0, st, 1, *t);
 }
 
 /* ---- embedding, norms, small elementwise steps ------------------------------- */
 
 __global__ void k_embed(mxc_mat E, const int32_t *tokens, float scale, float *x)
 {
+    pdl_enter();
     const int t = blockIdx.x;
     const int64_t r = tokens[t], d = E.cols;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
@@ -655,20 +705,34 @@ __global__ void k_embed(mxc_mat E, const int32_t *tokens, float scale, float *x)
 
 int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x)
 {
-    k_embed<<<T, 256, 0, st>>>(*E, tokens, scale, x);
-    return launched();
+    return launch_k(k_embed, T, 256, 0, st, 0, *E, tokens, scale, x);
 }
 
 /* One block per token.  Up to 8 values per thread stay in registers (every
  * load, the weights' too, issued before the first reduction), so a norm
  * costs one trip to memory; wider rows loop. */
 #define NORM_V 8
-__global__ void __launch_bounds__(512) k_addnorm(float *x, const float *delta, const float *w, const float *b,
-                                                 int d, float eps, float *xn)
+
+/* Value i of token t's delta (mxc_delta): a plain row, or the weighted sum
+ * of the token's K slot rows in slot order. */
+__device__ __forceinline__ float delta_at(const mxc_delta &dl, int t, int64_t i, int64_t d)
 {
+    if (dl.K == 0)
+        return dl.D[t * d + i];
+    const float *W = dl.W + (int64_t)t * dl.K, *Y = dl.Y + (int64_t)t * dl.K * d + i;
+    float s = 0.0f;
+    for (int j = 0; j < dl.K; j++)
+        s += W[j] * Y[j * d];
+    return s;
+}
+
+__global__ void __launch_bounds__(512) k_addnorm(float *x, mxc_delta dl, int has, const float *w,
+                                                 const float *b, int d, float eps, float *xn)
+{
+    pdl_enter();
     const int t = blockIdx.x, nt = blockDim.x;
     float *xr = x + (int64_t)t * d;
-    const float *dr = delta ? delta + (int64_t)t * d : nullptr;
+    const int dr = has;
     float *out = xn + (int64_t)t * d;
     if (d <= NORM_V * nt) {
         float v[NORM_V], wv[NORM_V], bv[NORM_V];
@@ -678,7 +742,7 @@ __global__ void __launch_bounds__(512) k_addnorm(float *x, const float *delta, c
             const int i = threadIdx.x + k * nt;
             v[k] = wv[k] = bv[k] = 0.0f;
             if (i < d) {
-                v[k] = xr[i] + (dr ? dr[i] : 0.0f);
+                v[k] = xr[i] + (dr ? delta_at(dl, t, i, d) : 0.0f);
                 wv[k] = w[i];
                 bv[k] = b ? b[i] : 0.0f;
             }
@@ -723,7 +787,7 @@ __global__ void __launch_bounds__(512) k_addnorm(float *x, const float *delta, c
     for (int i = threadIdx.x; i < d; i += nt) {
         float v = xr[i];
         if (dr) {
-            v += dr[i];
+            v += delta_at(dl, t, i, d);
             xr[i] = v;
         }
         ss += (double)v * v;
@@ -747,28 +811,31 @@ __global__ void __launch_bounds__(512) k_addnorm(float *x, const float *delta, c
         out[i] = w[i] * ((xr[i] - mean) * r) + b[i];
 }
 
-int mxc_addnorm(cudaStream_t st, float *x, const float *delta, const float *w, const float *b, int T,
+int mxc_addnorm(cudaStream_t st, float *x, const mxc_delta *delta, const float *w, const float *b, int T,
                 int d, float eps, float *xn)
 {
-    k_addnorm<<<T, d > 2048 ? 512 : d > 1024 ? 256 : 128, 0, st>>>(x, delta, w, b, d, eps, xn);
-    return launched();
+    const mxc_delta none = {nullptr, nullptr, nullptr, 0};
+    return launch_k(k_addnorm, T, d > 2048 ? 512 : d > 1024 ? 256 : 128, 0, st, 1, x, delta ? *delta : none,
+                    delta ? 1 : 0, w, b, d, eps, xn);
 }
 
-__global__ void k_add(float *x, const float *d, int64_t n)
+__global__ void k_add(float *x, mxc_delta dl, int d, int64_t n)
 {
+    pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        x[i] += d[i];
+        x[i] += delta_at(dl, (int)(i / d), i % d, d);
 }
 
-int mxc_add(cudaStream_t st, float *x, const float *d, int64_t n)
+int mxc_add(cudaStream_t st, float *x, const mxc_delta *delta, int T, int d)
 {
-    k_add<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(x, d, n);
-    return launched();
+    const int64_t n = (int64_t)T * d;
+    return launch_k(k_add, (unsigned)((n + 255) / 256), 256, 0, st, 1, x, *delta, d, n);
 }
 
 __global__ void k_softcap(float *x, int64_t n, float cap)
 {
+    pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         x[i] = tanhf(x[i] / cap) * cap;
@@ -776,14 +843,14 @@ __global__ void k_softcap(float *x, int64_t n, float cap)
 
 int mxc_softcap(cudaStream_t st, float *logits, int64_t n, float cap)
 {
-    k_softcap<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(logits, n, cap);
-    return launched();
+    return launch_k(k_softcap, (unsigned)((n + 255) / 256), 256, 0, st, 1, logits, n, cap);
 }
 
 /* ---- q/k/v heads: clip, norm, rope, into the cache ---------------------------- */
 
 __global__ void k_qkv(mxc_qkv p)
 {
+    pdl_enter();
     extern __shared__ float hv[];   /* [hd] the head */
     const int t = blockIdx.x, h = blockIdx.y, hd = p.hd;
     const int isq = h < p.nh, g = isq ? h : h - p.nh;
@@ -859,8 +926,7 @@ __global__ void k_qkv(mxc_qkv p)
 int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
 {
     dim3 grid((unsigned)p->T, (unsigned)(p->nh + p->nkv));
-    k_qkv<<<grid, 128, sizeof(float) * (size_t)p->hd, st>>>(*p);
-    return launched();
+    return launch_k(k_qkv, grid, 128, sizeof(float) * (size_t)p->hd, st, 1, *p);
 }
 
 /* ---- attention: splits of the positions, then their combination ------------------- */
@@ -873,6 +939,7 @@ int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
  * The split's max, sum and unnormalised output go to part. */
 __global__ void __launch_bounds__(256) k_attend(mxc_att a)
 {
+    pdl_enter();
     __shared__ float4 qs[64];
     __shared__ float sc[256];
     __shared__ float red[1024];
@@ -952,6 +1019,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
 
 __global__ void k_att_combine(mxc_att a)
 {
+    pdl_enter();
     const int h = blockIdx.x, t = blockIdx.y, hd = a.hd;
     const float *base = a.part + ((int64_t)t * a.nh + h) * a.n_split * (hd + 2);
     float M = -INFINITY;
@@ -974,13 +1042,11 @@ __global__ void k_att_combine(mxc_att a)
 int mxc_attend(cudaStream_t st, const mxc_att *a)
 {
     dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)a->n_split);
-    k_attend<<<grid, 256, 0, st>>>(*a);
-    const int rc = launched();
+    const int rc = launch_k(k_attend, grid, 256, 0, st, 1, *a);
     if (rc)
         return rc;
     dim3 g2((unsigned)a->nh, (unsigned)a->T);
-    k_att_combine<<<g2, a->hd < 128 ? 128 : 256, 0, st>>>(*a);
-    return launched();
+    return launch_k(k_att_combine, g2, a->hd < 128 ? 128 : 256, 0, st, 1, *a);
 }
 
 /* ---- routing ----------------------------------------------------------------------- */
@@ -989,6 +1055,7 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
  * index, as torch.topk), as moe/router.c computes it. */
 __global__ void k_route(mxc_route r)
 {
+    pdl_enter();
     __shared__ float p[4096];
     __shared__ unsigned char taken[4096];
     const int t = blockIdx.x, lane = threadIdx.x, E = r.E, K = r.k + r.n_extra;
@@ -1045,8 +1112,7 @@ __global__ void k_route(mxc_route r)
 
 int mxc_route_softmax(cudaStream_t st, const mxc_route *r)
 {
-    k_route<<<r->T, 32, 0, st>>>(*r);
-    return launched();
+    return launch_k(k_route, r->T, 32, 0, st, 1, *r);
 }
 
 /* ---- the fused decode-MoE kernels -------------------------------------------------- */
@@ -1067,6 +1133,7 @@ __device__ __forceinline__ void load_slots(const mxc_moe1 &p, mxc_mat *sm, int w
 template <int B>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1(mxc_moe1 p)
 {
+    pdl_enter();
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
     load_slots(p, sm, 0, 2);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1118,6 +1185,7 @@ __device__ __forceinline__ float chunk_val(const mxc_mat &m, int64_t r, int64_t 
 
 __global__ void __launch_bounds__(128) k_moe2(mxc_moe1 p)
 {
+    pdl_enter();
     __shared__ mxc_mat sm[MXC_MAX_SLOTS];
     __shared__ int coff[MXC_MAX_SLOTS + 1];
     __shared__ float wts[MXC_MAX_SLOTS];
@@ -1163,22 +1231,467 @@ int mxc_moe_phase1(cudaStream_t st, const mxc_moe1 *p)
     const int64_t rows = p->off[p->hi] - p->off[p->lo];
     const unsigned nb = (unsigned)((rows / 2 + WARPS - 1) / WARPS);
     if (p->bits == 4)
-        k_moe1<4><<<nb, THREADS, 0, st>>>(*p);
-    else if (p->bits == 8)
-        k_moe1<8><<<nb, THREADS, 0, st>>>(*p);
-    else
-        k_moe1<-1><<<nb, THREADS, 0, st>>>(*p);
-    return launched();
+        return launch_k(k_moe1<4>, nb, THREADS, 0, st, 1, *p);
+    if (p->bits == 8)
+        return launch_k(k_moe1<8>, nb, THREADS, 0, st, 1, *p);
+    return launch_k(k_moe1<-1>, nb, THREADS, 0, st, 1, *p);
 }
 
 int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p)
 {
-    k_moe2<<<(unsigned)((p->d + 3) / 4), 128, 0, st>>>(*p);
-    return launched();
+    return launch_k(k_moe2, (unsigned)((p->d + 3) / 4), 128, 0, st, 1, *p);
+}
+
+/* ---- streaming decode kernels (4- and 8-bit weights) ---------------------------------
+ *
+ * One token's matvecs, the fused MoE's two phases and lm_head, for the
+ * common case: every matrix of the launch 4- or 8-bit with one scale
+ * dtype (a kernel per width and dtype, so the inner loop has no
+ * branches).  What they do differently from the kernels above:
+ *   - x is staged once per block in shared memory, chunk c at c * XS
+ *     floats (16-byte aligned; 8 lanes reading float4 i of 8 consecutive
+ *     chunks hit distinct banks), with each chunk's sum beside it.  Read
+ *     straight from global memory, the 32 lanes of a warp touch 32
+ *     different 128-byte lines per float4 load: 32 L1 wavefronts each,
+ *     which capped the old kernels far below DRAM bandwidth.
+ *   - blocks stay resident (grid = what fits on the GPU) and each warp
+ *     walks its row groups with the next step's weight loads issued
+ *     before the current step's arithmetic, so loads are always in flight.
+ *   - group indices come from shifts (gs is 32, 64 or 128), row offsets
+ *     from one multiply: no 64-bit division in the loop.
+ *   - the plain matvec issues its first weight loads before waiting for
+ *     the previous kernel (programmatic dependent launch).
+ * A warp owns R rows at a time ("a group"); its lanes take 32-value
+ * chunks lane, lane + 32, ... of them ("steps" of the group). */
+#define XS 36
+/* the widest x a block stages (floats); wider rows take the kernels above */
+#define MXC_STAGE_MAX 20480
+
+template <int DT>
+__device__ __forceinline__ float ld_sc(const void *p, int64_t i)
+{
+    if constexpr (DT == MXC_F16)
+        return __half2float(__ushort_as_half(__ldg((const unsigned short *)p + i)));
+    else if constexpr (DT == MXC_BF16)
+        return __uint_as_float((uint32_t)__ldg((const unsigned short *)p + i) << 16);
+    else
+        return __ldg((const float *)p + i);
+}
+
+/* x[0 .. 32 nch) into shared memory (chunk c at xs + c * XS), sums[c] the
+ * sum of chunk c.  Every thread of the block calls it. */
+__device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, float *xs, float *sums)
+{
+    for (int i = threadIdx.x; i < nch * 8; i += blockDim.x)
+        *(float4 *)(xs + (i >> 3) * XS + (i & 7) * 4) = ((const float4 *)x)[i];
+    __syncthreads();
+    for (int c = threadIdx.x; c < nch; c += blockDim.x) {
+        const float4 *p = (const float4 *)(xs + c * XS);
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float4 a = p[2 * q], b = p[2 * q + 1];
+            s += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+        }
+        sums[c] = s;
+    }
+    __syncthreads();
+}
+
+/* One step's data of R rows: each row's chunk words, scale and bias. */
+template <int BITS, int R>
+struct mv_stage {
+    uint32_t w[R][BITS];
+    float s[R], b[R];
+};
+
+/* Chunk c of row r of m into row slot i of a stage. */
+template <int BITS, int DT, int R>
+__device__ __forceinline__ void load_chunk(const mxc_mat &m, int64_t r, int c, mv_stage<BITS, R> &st, int i)
+{
+    const int64_t nchm = m.cols >> 5;
+    const int gsh = __ffs(m.gs) - 6;
+    load_words<BITS>((const uint32_t *)m.w + r * nchm * BITS + (int64_t)c * BITS, st.w[i]);
+    const int64_t gi = r * (nchm >> gsh) + (c >> gsh);
+    st.s[i] = ld_sc<DT>(m.s, gi);
+    st.b[i] = ld_sc<DT>(m.b, gi);
+}
+
+/* acc[i] += row i's chunk . x chunk xc (sum sx) for the stage's R rows. */
+template <int BITS, int R>
+__device__ __forceinline__ void stage_dot(const mv_stage<BITS, R> &st, const float *xc, float sx, float *acc)
+{
+    float d[R], x8[8];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        d[i] = 0.0f;
+#define MXC_SQ(Q)                                                                         \
+    {                                                                                     \
+        const float4 a = ((const float4 *)xc)[2 * Q], b = ((const float4 *)xc)[2 * Q + 1]; \
+        x8[0] = a.x, x8[1] = a.y, x8[2] = a.z, x8[3] = a.w;                               \
+        x8[4] = b.x, x8[5] = b.y, x8[6] = b.z, x8[7] = b.w;                               \
+        _Pragma("unroll") for (int i = 0; i < R; i++) d[i] += dot8<BITS, Q>(st.w[i], x8); \
+    }
+    MXC_SQ(0) MXC_SQ(1) MXC_SQ(2) MXC_SQ(3)
+#undef MXC_SQ
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        acc[i] += st.s[i] * d[i] + st.b[i] * sx;
+}
+
+/* The walk of one warp over groups g, g + gstride, ... < G, each of
+ * ceil(nch / 32) steps; cur holds the first step's loads (src.locate(g),
+ * src.advance() done).  Src: locate(g) points the load cursor at group g,
+ * load(c, stage) loads chunk c of its rows, store(v, lane) writes the
+ * output cursor's R reduced rows, advance() moves the output cursor to
+ * the load cursor. */
+template <int BITS, int DT, int R, class Src>
+__device__ __forceinline__ void stream_rows(Src &src, mv_stage<BITS, R> &cur, int64_t g, int64_t gstride, int64_t G,
+                                            int nch, const float *xs, const float *sums, int lane)
+{
+    const int kc = (nch + 31) >> 5;
+    int k = 0;
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        acc[i] = 0.0f;
+    for (;;) {
+        int nk = k + 1;
+        int64_t ng = g;
+        if (nk == kc) {
+            nk = 0;
+            ng = g + gstride;
+        }
+        const bool more = ng < G;
+        mv_stage<BITS, R> nxt;
+        if (more) {
+            if (nk == 0)
+                src.locate(ng);
+            if (nk * 32 + lane < nch)
+                src.load(nk * 32 + lane, nxt);
+        }
+        const int c = k * 32 + lane;
+        if (c < nch)
+            stage_dot<BITS, R>(cur, xs + c * XS, sums[c], acc);
+        if (k == kc - 1) {
+            float v[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                v[i] = warp_sum(acc[i]);
+                acc[i] = 0.0f;
+            }
+            src.store(v, lane);
+            src.advance();
+        }
+        if (!more)
+            break;
+        g = ng;
+        k = nk;
+        cur = nxt;
+    }
+}
+
+/* Up to 4 matrices against one x: groups of R consecutive rows of each. */
+template <int BITS, int DT, int R>
+struct mv_src {
+    const mxc_mv &mv;
+    int li, oi;
+    int64_t lr0, or0;
+    __device__ mv_src(const mxc_mv &m) : mv(m), li(0), oi(0), lr0(0), or0(0) {}
+    __device__ __forceinline__ void locate(int64_t g)
+    {
+        int i = 0;
+        while (i < mv.n - 1 && g >= (mv.m[i].rows + R - 1) / R)
+            g -= (mv.m[i++].rows + R - 1) / R;
+        li = i;
+        lr0 = g * R;
+    }
+    __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
+    {
+        const mxc_mat &m = mv.m[li];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            load_chunk<BITS, DT, R>(m, min(lr0 + i, m.rows - 1), c, st, i);
+    }
+    __device__ __forceinline__ void store(const float *v, int lane)
+    {
+        const mxc_mat &m = mv.m[oi];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (lane == i && or0 + i < m.rows)
+                mv.y[oi][or0 + i] = v[i] + (m.bias ? m.bias[or0 + i] : 0.0f);
+    }
+    __device__ __forceinline__ void advance()
+    {
+        oi = li;
+        or0 = lr0;
+    }
+};
+
+template <int BITS, int DT, int R>
+__global__ void __launch_bounds__(THREADS, 3) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch)
+{
+    extern __shared__ float4 smem_f4[];
+    float *xs = (float *)smem_f4, *sums = xs + nch * XS;
+    pdl_go();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
+    mv_src<BITS, DT, R> src(mv);
+    mv_stage<BITS, R> cur;
+    if (g < G) {   /* weights only: nothing an earlier kernel writes */
+        src.locate(g);
+        src.advance();
+        if (lane < nch)
+            src.load(lane, cur);
+    }
+    pdl_wait();
+    stage_x(x, nch, xs, sums);
+    if (g < G)
+        stream_rows<BITS, DT, R>(src, cur, g, gstride, G, nch, xs, sums, lane);
+}
+
+/* Phase 1: groups of two h rows of one slot (gate rows r, r + 1 then up
+ * rows r, r + 1); h = act(g) * u. */
+template <int BITS, int DT>
+struct moe1_src {
+    const mxc_moe1 &p;
+    const mxc_mat *sm;
+    int lj;
+    int64_t lr, lgr, ogr;
+    __device__ moe1_src(const mxc_moe1 &q, const mxc_mat *s) : p(q), sm(s), lj(q.lo), lr(0), lgr(0), ogr(0) {}
+    __device__ __forceinline__ void locate(int64_t g)
+    {
+        lgr = p.off[p.lo] + 2 * g;
+        while (lgr >= p.off[lj + 1])
+            lj++;
+        lr = lgr - p.off[lj];
+    }
+    __device__ __forceinline__ void load(int c, mv_stage<BITS, 4> &st)
+    {
+        const mxc_mat &gm = sm[2 * (lj - p.lo)], &um = sm[2 * (lj - p.lo) + 1];
+        load_chunk<BITS, DT, 4>(gm, lr, c, st, 0);
+        load_chunk<BITS, DT, 4>(gm, lr + 1, c, st, 1);
+        load_chunk<BITS, DT, 4>(um, lr, c, st, 2);
+        load_chunk<BITS, DT, 4>(um, lr + 1, c, st, 3);
+    }
+    __device__ __forceinline__ void store(const float *v, int lane)
+    {
+        if (lane == 0)
+            p.h[ogr] = glu(p.act, v[0], v[2]);
+        else if (lane == 1)
+            p.h[ogr + 1] = glu(p.act, v[1], v[3]);
+    }
+    __device__ __forceinline__ void advance() { ogr = lgr; }
+};
+
+template <int BITS, int DT>
+__global__ void __launch_bounds__(THREADS, BITS == 4 ? 3 : 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
+{
+    __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
+    extern __shared__ float4 smem_f4[];
+    const int nch = (int)(p.d >> 5);
+    float *xs = (float *)smem_f4, *sums = xs + nch * XS;
+    pdl_enter();
+    load_slots(p, sm, 0, 2);
+    stage_x(p.x, nch, xs, sums);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
+    if (g >= G)
+        return;
+    moe1_src<BITS, DT> src(p, sm);
+    mv_stage<BITS, 4> cur;
+    src.locate(g);
+    src.advance();
+    if (lane < nch)
+        src.load(lane, cur);
+    stream_rows<BITS, DT, 4>(src, cur, g, gstride, G, nch, xs, sums, lane);
+}
+
+/* Phase 2: the blocks [blk[j], blk[j + 1]) take slot j's down rows
+ * against h_j, into Y + j * d (the router weights are applied where the
+ * slots are summed, mxc_delta). */
+template <int BITS, int DT, int R>
+struct moe2_src {
+    const mxc_mat &m;
+    float *y;
+    int64_t rows, lr0, or0;
+    __device__ moe2_src(const mxc_mat &mm, float *yy, int64_t d) : m(mm), y(yy), rows(d), lr0(0), or0(0) {}
+    __device__ __forceinline__ void locate(int64_t g) { lr0 = g * R; }
+    __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
+    {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            load_chunk<BITS, DT, R>(m, min(lr0 + i, rows - 1), c, st, i);
+    }
+    __device__ __forceinline__ void store(const float *v, int lane)
+    {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (lane == i && or0 + i < rows)
+                y[or0 + i] = v[i];
+    }
+    __device__ __forceinline__ void advance() { or0 = lr0; }
+};
+
+template <int BITS, int DT, int R>
+__global__ void __launch_bounds__(THREADS, 3) k_moe2s(const __grid_constant__ mxc_moe1 p)
+{
+    __shared__ mxc_mat sm;
+    extern __shared__ float4 smem_f4[];
+    pdl_enter();
+    int j = p.lo;
+    while ((int)blockIdx.x >= p.blk[j + 1])
+        j++;
+    const int nch = (p.off[j + 1] - p.off[j]) >> 5;
+    float *xs = (float *)smem_f4, *sums = xs + nch * XS;
+    if (threadIdx.x == 0)
+        sm = p.table[3 * p.P[j] + 2];
+    stage_x(p.h + p.off[j], nch, xs, sums);   /* its barriers publish sm */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t G = (p.d + R - 1) / R;
+    const int64_t g = (int64_t)(blockIdx.x - p.blk[j]) * WARPS + warp;
+    const int64_t gstride = (int64_t)(p.blk[j + 1] - p.blk[j]) * WARPS;
+    if (g >= G)
+        return;
+    moe2_src<BITS, DT, R> src(sm, p.Y + (int64_t)j * p.d, p.d);
+    mv_stage<BITS, R> cur;
+    src.locate(g);
+    src.advance();
+    if (lane < nch)
+        src.load(lane, cur);
+    stream_rows<BITS, DT, R>(src, cur, g, gstride, G, nch, xs, sums, lane);
+}
+
+static int g_nsm;
+
+static int sm_count(void)
+{
+    if (g_nsm <= 0) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&g_nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || g_nsm <= 0)
+            g_nsm = 1;
+    }
+    return g_nsm;
+}
+
+/* Blocks of THREADS threads of kernel k that fit on one SM with smem
+ * bytes of dynamic shared memory (remembered per kernel and size). */
+static int resident(const void *k, size_t smem)
+{
+    static struct {
+        const void *k;
+        size_t smem;
+        int n;
+    } memo[64];
+    static int n_memo;
+    for (int i = 0; i < n_memo; i++)
+        if (memo[i].k == k && memo[i].smem == smem)
+            return memo[i].n;
+    if (smem > 48 * 1024)
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, THREADS, smem) != cudaSuccess || n < 1)
+        n = 1;
+    cudaGetLastError();
+    if (n_memo < 64)
+        memo[n_memo++] = {k, smem, n};
+    return n;
+}
+
+static size_t stage_bytes(int64_t cols) { return (size_t)(cols >> 5) * (XS + 1) * sizeof(float); }
+
+/* The streaming kernel's width and scale dtype for matrices ms[0..n), or 0
+ * when they do not all share one of 4 or 8 bits and one dtype. */
+static int stream_bits(const mxc_mat *ms, int n)
+{
+    const int bits = ms[0].bits;
+    if (bits != 4 && bits != 8)
+        return 0;
+    for (int i = 1; i < n; i++)
+        if (ms[i].bits != bits || ms[i].dt != ms[0].dt)
+            return 0;
+    return bits;
+}
+
+template <int BITS, int DT, int R>
+static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x)
+{
+    int64_t G = 0;
+    for (int i = 0; i < mv->n; i++)
+        G += (mv->m[i].rows + R - 1) / R;
+    const size_t smem = stage_bytes(mv->m[0].cols);
+    const int64_t want = (G + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_mvs<BITS, DT, R>, smem) * sm_count();
+    const unsigned nb = (unsigned)(want < fit ? want : fit);
+    return launch_k(k_mvs<BITS, DT, R>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5));
+}
+
+/* One token through the streaming kernel; -1 when it does not apply. */
+static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x)
+{
+    const int bits = stream_bits(mv->m, mv->n);
+    if (!bits || mv->m[0].cols > MXC_STAGE_MAX || ((uintptr_t)x & 15))
+        return -1;
+    const int dt = mv->m[0].dt;
+#define MXC_MVS(B, D, R) \
+    if (bits == B && dt == D) \
+        return launch_mvs<B, D, R>(st, mv, x);
+    MXC_MVS(4, MXC_F16, 4) MXC_MVS(4, MXC_BF16, 4) MXC_MVS(4, MXC_F32, 4)
+    MXC_MVS(8, MXC_F16, 2) MXC_MVS(8, MXC_BF16, 2) MXC_MVS(8, MXC_F32, 2)
+#undef MXC_MVS
+    return -1;
+}
+
+template <int BITS, int DT, int R>
+static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
+{
+    mxc_moe1 q = *p;
+    /* phase 1 over every slot's h rows */
+    const int64_t G1 = (q.off[q.hi] - q.off[q.lo]) / 2;
+    const size_t smem1 = stage_bytes(q.d);
+    int64_t want = (G1 + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_moe1s<BITS, DT>, smem1) * sm_count();
+    int rc = launch_k(k_moe1s<BITS, DT>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, q, G1);
+    if (rc)
+        return rc;
+    /* phase 2: blocks shared out in proportion to each slot's width */
+    int64_t widest = 0, total = 0;
+    for (int j = q.lo; j < q.hi; j++) {
+        const int64_t w = q.off[j + 1] - q.off[j];
+        widest = w > widest ? w : widest;
+        total += w;
+    }
+    const size_t smem2 = stage_bytes(widest);
+    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, R>, smem2) * sm_count();
+    const int64_t cap = ((q.d + R - 1) / R + WARPS - 1) / WARPS;   /* blocks one slot can use */
+    q.blk[q.lo] = 0;
+    for (int j = q.lo; j < q.hi; j++) {
+        int64_t b = nb * (q.off[j + 1] - q.off[j]) / (total > 0 ? total : 1);
+        b = b < 1 ? 1 : b > cap ? cap : b;
+        q.blk[j + 1] = q.blk[j] + (int)b;
+    }
+    return launch_k(k_moe2s<BITS, DT, R>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+}
+
+int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt)
+{
+    const int bits = p->bits;
+    if (p->d > MXC_STAGE_MAX || p->off[p->hi] - p->off[p->lo] <= 0)
+        return p->off[p->hi] - p->off[p->lo] <= 0 ? 0 : (int)cudaErrorInvalidValue;
+    for (int j = p->lo; j < p->hi; j++)
+        if (p->off[j + 1] - p->off[j] > MXC_STAGE_MAX)
+            return (int)cudaErrorInvalidValue;
+#define MXC_MOES(B, D, R) \
+    if (bits == B && dt == D) \
+        return launch_moe_s<B, D, R>(st, p);
+    MXC_MOES(4, MXC_F16, 4) MXC_MOES(4, MXC_BF16, 4) MXC_MOES(4, MXC_F32, 4)
+    MXC_MOES(8, MXC_F16, 2) MXC_MOES(8, MXC_BF16, 2) MXC_MOES(8, MXC_F32, 2)
+#undef MXC_MOES
+    return (int)cudaErrorInvalidValue;
 }
 
 __global__ void k_combine(const float *Y, const float *W, int K, int64_t d, float *out)
 {
+    pdl_enter();
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= d)
@@ -1192,8 +1705,7 @@ __global__ void k_combine(const float *Y, const float *W, int K, int64_t d, floa
 int mxc_combine(cudaStream_t st, const float *Y, const float *W, int T, int K, int64_t d, float *out)
 {
     dim3 grid((unsigned)((d + 255) / 256), (unsigned)T);
-    k_combine<<<grid, 256, 0, st>>>(Y, W, K, d, out);
-    return launched();
+    return launch_k(k_combine, grid, 256, 0, st, 1, Y, W, K, d, out);
 }
 
 /* ---- bandwidth probe ------------------------------------------------------------------ */
