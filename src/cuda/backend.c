@@ -61,6 +61,7 @@ typedef struct cu_layer {
     int gu_bits;                              /* the width of every gate/up matrix (same group size), or -1 */
     int s_bits, s_dt;                         /* every gate/up/down 4- or 8-bit with one scale dtype
                                                  (the streaming kernels, mxc_moe_stream), else s_bits 0 */
+    int route_fused;                          /* one token's routes by the router matvec's last block */
     int gpu_route;                            /* softmax top-k on the GPU */
     const float *expert_scale;
 } cu_layer;
@@ -69,7 +70,7 @@ typedef struct cu_layer {
  * once and never moves (graphs point into it); the prompt set grows. */
 typedef struct cu_buf {
     int cap;
-    float *x, *xn, *q, *k, *v, *qr, *att, *out, *ffn, *rl, *glog, *W, *H, *Y, *logits;
+    float *x, *x2, *xn, *q, *k, *v, *qr, *att, *out, *ffn, *rl, *glog, *W, *H, *Y, *logits;
     int *P, *tok_list, *pair_list;
     mxc_item *items;
     int32_t *tok;
@@ -108,6 +109,8 @@ typedef struct cu_ctx {
     const float *inv_freq[MX_MAX_ROPES], *inv_long[MX_MAX_ROPES];
     int64_t q_rows_max, kvd_max, qdim_max, E_max, Kp_max, ff_max;
     int graphable;               /* every MoE layer routes on the GPU */
+    int fuse_norms;              /* one-token steps: every norm staged by the streaming kernels that read it */
+    int *att_cnt, *route_cnt;    /* zeroed counters of the kernels whose last block finishes the work */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
     float *one_W;                /* [1] = 1 */
     cu_buf dec, pre;
@@ -427,6 +430,10 @@ static int setup_layer(cu_ctx *c, int l, mx_err *e)
             cl->gu_bits = -1;
     if (cl->gu_bits <= 0)
         cl->gu_bits = -1;
+    if (cl->is_moe && cl->gpu_route && cl->E <= MXC_ROUTE_FUSED_MAX && mx_env_flag("MLXCEL_CUDA_FUSE", 1)) {
+        const mxc_mat rs[2] = {c->mats[cl->router_i], cl->sgate_i >= 0 ? c->mats[cl->sgate_i] : c->mats[cl->router_i]};
+        cl->route_fused = mxc_stream_ok(rs, cl->sgate_i >= 0 ? 2 : 1);
+    }
     const mxc_mat *sm0 = &c->mats[cl->table];
     cl->s_bits = sm0->bits == 4 || sm0->bits == 8 ? sm0->bits : 0;
     cl->s_dt = sm0->dt;
@@ -445,7 +452,7 @@ static int setup_layer(cu_ctx *c, int l, mx_err *e)
 
 static void buf_free(cu_buf *b)
 {
-    void *p[] = {b->x, b->xn, b->q, b->k, b->v, b->qr, b->att, b->out, b->ffn, b->rl, b->glog, b->W,
+    void *p[] = {b->x, b->x2, b->xn, b->q, b->k, b->v, b->qr, b->att, b->out, b->ffn, b->rl, b->glog, b->W,
                  b->H, b->Y, b->logits, b->P, b->tok_list, b->pair_list, b->items, b->tok, b->pos,
                  b->part, b->all_logits};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
@@ -468,6 +475,7 @@ static int buf_reserve(cu_ctx *c, cu_buf *b, int T, mx_err *e)
     buf_free(b);
     const size_t t = (size_t)T, f = sizeof(float), d = (size_t)m->d, Kp = (size_t)(c->Kp_max ? c->Kp_max : 1);
     CK(dalloc(&b->x, t * d * f));
+    CK(dalloc(&b->x2, t * d * f));
     CK(dalloc(&b->xn, t * d * f));
     CK(dalloc(&b->q, t * (size_t)c->q_rows_max * f));
     CK(dalloc(&b->k, t * (size_t)c->kvd_max * f));
@@ -619,7 +627,9 @@ static int linear(call *k, int mi, const float *X, int64_t ldx, float *Y, int64_
     return MX_OK;
 }
 
-static int attention(call *k, int l, mx_err *e)
+/* The attention block of layer l; nin (one token, fused norms): the q/k/v
+ * matvec stages the attention norm itself. */
+static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
 {
     cu_ctx *c = k->c;
     const mx_model *m = c->m;
@@ -630,7 +640,10 @@ static int attention(call *k, int l, mx_err *e)
     if (T <= MXC_MV_MAXT) {
         mxc_mv mv = {.n = 3, .m = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi]},
                      .y = {b->q, b->k, b->v}, .ldy = {a->q.rows, a->kv_dim, a->kv_dim}};
-        KL(mxc_matvec(c->st, &mv, b->xn, d, T));
+        if (nin)
+            KL(mxc_matvec_stream(c->st, &mv, NULL, nin, NULL, NULL));
+        else
+            KL(mxc_matvec(c->st, &mv, b->xn, d, T));
     } else {
         int rc;
         if ((rc = linear(k, cl->qi, b->xn, d, b->q, a->q.rows, T, e)) ||
@@ -654,6 +667,7 @@ static int attention(call *k, int l, mx_err *e)
                   .scale = a->scale, .out = b->att};
     if (T == 1) {   /* the sequence's partials cover its whole context (graphs replay at any position) */
         at.part = k->q->part;
+        at.cnt = c->att_cnt;
         at.span = MXC_ATT_SPAN_DECODE;
         at.n_split = k->graph ? k->q->n_split : (k->last_pos + at.span) / at.span;
     } else {
@@ -722,7 +736,8 @@ static int host_routes(call *k, int l, mx_err *e)
 /* One token's expert sum: both fused phases over all slots, or (gather)
  * one expert at a time; *dl says where it is (each slot's row apart, or
  * b->ffn). */
-static int moe_one(call *k, int l, const int *P, const float *W, int fused, mxc_delta *dl, mx_err *e)
+static int moe_one(call *k, int l, const int *P, const float *W, int fused, const mxc_norm_in *nin,
+                   mxc_delta *dl, mx_err *e)
 {
     cu_ctx *c = k->c;
     const cu_layer *cl = &c->layers[l];
@@ -733,6 +748,10 @@ static int moe_one(call *k, int l, const int *P, const float *W, int fused, mxc_
     if (cl->s_bits) {
         p.bits = cl->s_bits;
         p.Y = b->Y;
+        if (nin) {   /* phase 1 stages the norm itself */
+            p.nin = *nin;
+            p.has_nin = 1;
+        }
         if (fused) {
             KL(mxc_moe_stream(c->st, &p, cl->s_dt));
         } else {
@@ -740,6 +759,7 @@ static int moe_one(call *k, int l, const int *P, const float *W, int fused, mxc_
                 p.lo = j;
                 p.hi = j + 1;
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
+                p.nin.x_out = NULL;   /* the first slot's launch wrote it */
             }
         }
         *dl = (mxc_delta){.Y = b->Y, .W = W, .K = cl->Kp};
@@ -835,7 +855,10 @@ static int mlp_many(call *k, int l, mx_err *e)
     return MX_OK;
 }
 
-static int ffn(call *k, int l, mxc_delta *dl, mx_err *e)
+/* Layer l's feed-forward; its output is left where *dl says.  nin (one
+ * token, fused norms): the router matvec (or a dense layer's phase 1)
+ * stages the norm itself and writes the residual to nin->x_out. */
+static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
 {
     cu_ctx *c = k->c;
     const mx_model *m = c->m;
@@ -846,10 +869,25 @@ static int ffn(call *k, int l, mxc_delta *dl, mx_err *e)
     if (!cl->is_moe) {
         if (T > 1)
             return mlp_many(k, l, e);
-        return moe_one(k, l, c->one_P, c->one_W, 1, dl, e);
+        return moe_one(k, l, c->one_P, c->one_W, 1, nin, dl, e);
     }
-    /* router logits and the shared expert's gate logit */
-    if (T <= MXC_MV_MAXT) {
+    /* router logits and the shared expert's gate logit (and, fused, the
+     * routes: the matvec's last block) */
+    int routed = 0;
+    mxc_route r = {.logits = b->rl, .T = T, .E = cl->E, .k = cl->k,
+                   .norm_topk = m->layers[l].moe.rule.norm_topk, .expert_scale = cl->expert_scale,
+                   .n_extra = cl->n_extra, .glog = cl->sgate_i >= 0 ? b->glog : NULL, .P = b->P, .W = b->W};
+    if (T == 1 && (nin || cl->route_fused)) {
+        mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
+        if (cl->sgate_i >= 0) {
+            mv.n = 2;
+            mv.m[1] = c->mats[cl->sgate_i];
+            mv.y[1] = b->glog;
+            mv.ldy[1] = 1;
+        }
+        routed = cl->route_fused;
+        KL(mxc_matvec_stream(c->st, &mv, nin ? NULL : b->xn, nin, routed ? &r : NULL, c->route_cnt));
+    } else if (T <= MXC_MV_MAXT) {
         mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
         if (cl->sgate_i >= 0) {
             mv.n = 2;
@@ -869,10 +907,9 @@ static int ffn(call *k, int l, mxc_delta *dl, mx_err *e)
         CK(d2h(c->st, k->tr->router_logits + (size_t)l * (size_t)T * (size_t)m->n_experts, b->rl,
                sizeof(float) * (size_t)T * (size_t)cl->E));
     int rc;
-    if (cl->gpu_route) {
-        mxc_route r = {.logits = b->rl, .T = T, .E = cl->E, .k = cl->k,
-                       .norm_topk = m->layers[l].moe.rule.norm_topk, .expert_scale = cl->expert_scale,
-                       .n_extra = cl->n_extra, .glog = cl->sgate_i >= 0 ? b->glog : NULL, .P = b->P, .W = b->W};
+    if (routed) {
+        /* done by the router matvec */
+    } else if (cl->gpu_route) {
         KL(mxc_route_softmax(c->st, &r));
     } else if ((rc = host_routes(k, l, e))) {
         return rc;
@@ -884,7 +921,12 @@ static int ffn(call *k, int l, mxc_delta *dl, mx_err *e)
     const int fused = takes_fused(cl, k->fused);
     if (!k->graph)   /* a captured step is counted when it runs (count_step) */
         mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, 1);
-    return moe_one(k, l, b->P, b->W, fused, dl, e);
+    mxc_norm_in n2;
+    if (nin) {   /* the router matvec wrote the residual */
+        n2 = *nin;
+        n2.x_out = NULL;
+    }
+    return moe_one(k, l, b->P, b->W, fused, nin ? &n2 : NULL, dl, e);
 }
 
 /* The trace's copy of rows [T][d] of x after layer `slot` (0: embeddings). */
@@ -892,6 +934,44 @@ static int trace_rows(call *k, const float *x, int slot, mx_err *e)
 {
     const size_t n = (size_t)k->T * (size_t)k->c->m->d;
     CK(d2h(k->c->st, k->tr->hidden + (size_t)slot * n, x, n * sizeof(float)));
+    return MX_OK;
+}
+
+/* run_pass of one token without a trace when every norm can be staged by
+ * the streaming kernels that read it (c->fuse_norms): no norm launches.
+ * The residual stream alternates between b->x and b->x2 (the kernel that
+ * stages a norm of x + delta writes the sum to the other buffer while
+ * every block still reads x), in the same order at every step, so a
+ * captured graph replays it. */
+static int run_pass_fused(call *k, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    cu_buf *b = k->b;
+    int rc;
+    float *xa = b->x, *xb = b->x2, *t;
+    KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, 1, m->embed_scale, xa));
+    mxc_delta dl = {0};
+    int has = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const cu_layer *cl = &c->layers[l];
+        const mxc_norm_in an = {.x = xa, .dl = dl, .has = has, .w = cl->an_w, .b = cl->an_b, .eps = m->eps,
+                                .x_out = xb};
+        t = xa, xa = xb, xb = t;
+        if ((rc = attention(k, l, &an, e)))
+            return rc;
+        const mxc_norm_in fn = {.x = xa, .dl = {.D = b->out}, .has = 1, .w = cl->fn_w, .b = cl->fn_b,
+                                .eps = m->eps, .x_out = xb};
+        if ((rc = ffn(k, l, &fn, &dl, e)))
+            return rc;
+        t = xa, xa = xb, xb = t;
+        has = 1;
+    }
+    const mxc_norm_in fin = {.x = xa, .dl = dl, .has = has, .w = c->fn_w, .b = c->fn_b, .eps = m->eps};
+    mxc_mv mv = {.n = 1, .m = {c->mats[c->head_i]}, .y = {b->logits}, .ldy = {m->vocab}};
+    KL(mxc_matvec_stream(c->st, &mv, NULL, &fin, NULL, NULL));
+    if (m->softcap > 0)
+        KL(mxc_softcap(c->st, b->logits, m->vocab, m->softcap));
     return MX_OK;
 }
 
@@ -905,6 +985,8 @@ static int run_pass(call *k, int want_last, mx_err *e)
     const int T = k->T, d = m->d;
     const mx_forward_trace *tr = k->tr;
     int rc;
+    if (T == 1 && !tr && want_last && c->fuse_norms)
+        return run_pass_fused(k, e);
     KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, T, m->embed_scale, b->x));
     if (tr && tr->hidden && (rc = trace_rows(k, b->x, 0, e)))
         return rc;
@@ -913,10 +995,10 @@ static int run_pass(call *k, int want_last, mx_err *e)
     for (int l = 0; l < m->n_layers; l++) {
         const cu_layer *cl = &c->layers[l];
         KL(mxc_addnorm(c->st, b->x, delta, cl->an_w, cl->an_b, T, d, m->eps, b->xn));
-        if ((rc = attention(k, l, e)))
+        if ((rc = attention(k, l, NULL, e)))
             return rc;
         KL(mxc_addnorm(c->st, b->x, &att_out, cl->fn_w, cl->fn_b, T, d, m->eps, b->xn));
-        if ((rc = ffn(k, l, &dl, e)))
+        if ((rc = ffn(k, l, NULL, &dl, e)))
             return rc;
         delta = &dl;
         if (tr && tr->hidden && l + 1 < m->n_layers) {
@@ -1054,6 +1136,8 @@ static void cu_free(void *ctx)
     cudaFree(c->blob);
     cudaFree(c->d_mats);
     cudaFree(c->one_P);
+    cudaFree(c->att_cnt);
+    cudaFree(c->route_cnt);
     cudaFree(c->one_W);
     cudaFreeHost(c->h_tok);
     cudaFreeHost(c->h_pos);
@@ -1184,11 +1268,32 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     for (int l = 0; l < m->n_layers; l++)
         if ((rc = setup_layer(c, l, e)))
             goto fail;
+    c->fuse_norms = mx_env_flag("MLXCEL_CUDA_FUSE", 1) && mxc_stream_ok(&c->mats[c->head_i], 1);
+    for (int l = 0; l < m->n_layers && c->fuse_norms; l++) {
+        const cu_layer *cl = &c->layers[l];
+        const mxc_mat qkv[3] = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi]};
+        c->fuse_norms = mxc_stream_ok(qkv, 3) && cl->s_bits && c->mats[cl->qi].cols == m->d;
+        if (cl->is_moe) {
+            const mxc_mat rs[2] = {c->mats[cl->router_i], cl->sgate_i >= 0 ? c->mats[cl->sgate_i] : c->mats[cl->router_i]};
+            c->fuse_norms &= mxc_stream_ok(rs, cl->sgate_i >= 0 ? 2 : 1);
+        }
+    }
     ce = dalloc(&c->d_mats, sizeof(mxc_mat) * (size_t)c->n_mats);
     if (ce == cudaSuccess)
         ce = cudaMemcpy(c->d_mats, c->mats, sizeof(mxc_mat) * (size_t)c->n_mats, cudaMemcpyHostToDevice);
     const int zero = 0;
     const float one = 1.0f;
+    int nh_max = 1;
+    for (int l = 0; l < m->n_layers; l++)
+        nh_max = m->layers[l].attn.n_heads > nh_max ? m->layers[l].attn.n_heads : nh_max;
+    if (ce == cudaSuccess)
+        ce = dalloc(&c->att_cnt, sizeof(int) * (size_t)nh_max);
+    if (ce == cudaSuccess)
+        ce = cudaMemset(c->att_cnt, 0, sizeof(int) * (size_t)nh_max);
+    if (ce == cudaSuccess)
+        ce = dalloc(&c->route_cnt, sizeof(int));
+    if (ce == cudaSuccess)
+        ce = cudaMemset(c->route_cnt, 0, sizeof(int));
     if (ce == cudaSuccess)
         ce = dalloc(&c->one_P, sizeof(int));
     if (ce == cudaSuccess)

@@ -32,6 +32,29 @@ typedef struct mxc_mat {
     int bits, gs, dt;            /* dt: scales' dtype (bits > 0), else the weights' */
 } mxc_mat;
 
+/* What a step adds to the residual stream, per token t: the row D + t*d
+ * (K = 0), or the weighted sum of the token's K slot rows,
+ * sum_j W[t*K + j] Y[(t*K + j)*d + i] in slot order (the fused MoE's
+ * second phase leaves each slot's down projection apart). */
+typedef struct mxc_delta {
+    const float *D;
+    const float *Y, *W;
+    int K;
+} mxc_delta;
+
+/* The input of a one-token streaming kernel when it is the norm of the
+ * residual stream: each block stages norm(x + delta) itself (w, and b for
+ * LayerNorm), so the norm costs no launch of its own; block 0 writes
+ * x + delta to x_out (another buffer than x) when x_out is not NULL. */
+typedef struct mxc_norm_in {
+    const float *x;
+    mxc_delta dl;
+    int has;                     /* a delta to add */
+    const float *w, *b;
+    float eps;
+    float *x_out;
+} mxc_norm_in;
+
 /* The largest number of tokens the matvec kernel takes in one call (more
  * go through the tile kernel). */
 #define MXC_MV_MAXT 8
@@ -55,6 +78,21 @@ typedef struct mxc_mv {
     int64_t ldy[4];
 } mxc_mv;
 int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T);
+
+/* 1 when one token's matvec of ms[0..n) (one x) takes the streaming
+ * kernel, which alone takes the options of mxc_matvec_stream. */
+int mxc_stream_ok(const mxc_mat *ms, int n);
+
+/* forward declaration: the routing a streaming matvec can end with */
+struct mxc_route;
+
+/* mxc_matvec of one token through the streaming kernel (mxc_stream_ok),
+ * x plain or, with nin, the norm it stages; with route (softmax top-k of
+ * one token, E <= MXC_ROUTE_FUSED_MAX), the launch's last block routes
+ * from the outputs (cnt: a device int, zero, left zero). */
+#define MXC_ROUTE_FUSED_MAX 256
+int mxc_matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
+                      const struct mxc_route *route, int *cnt);
 
 /* The tile (prefill) kernel.  An item is up to MXC_TILE_T rows of X
  * through matrix m0 of the table (dual: act(m0 x) * (m1 x), the gated
@@ -80,16 +118,6 @@ int mxc_tile_run(cudaStream_t st, const mxc_tile *t);
 
 /* x[t] = embed row tokens[t] times scale. */
 int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x);
-
-/* What a step adds to the residual stream, per token t: the row D + t*d
- * (K = 0), or the weighted sum of the token's K slot rows,
- * sum_j W[t*K + j] Y[(t*K + j)*d + i] in slot order (the fused MoE's
- * second phase leaves each slot's down projection apart). */
-typedef struct mxc_delta {
-    const float *D;
-    const float *Y, *W;
-    int K;
-} mxc_delta;
 
 /* x[t] += delta[t] (delta may be NULL), xn[t] = norm(x[t]): RMSNorm with w,
  * or LayerNorm with w and b when b is not NULL.  T rows of d. */
@@ -138,6 +166,7 @@ typedef struct mxc_att {
     float *part;
     int n_split, span;
     float *out;
+    int *cnt;                    /* T = 1: [nh] zeroed ints; the last split of a head combines (no second launch) */
 } mxc_att;
 int mxc_attend(cudaStream_t st, const mxc_att *a);
 
@@ -173,6 +202,8 @@ typedef struct mxc_moe1 {
     int accumulate;              /* phase 2 adds to out instead of overwriting it */
     int bits;                    /* every slot's gate and up have this width and group size (-1: mixed) */
     float *Y;                    /* mxc_moe_stream: slot j's output at Y + j * d */
+    mxc_norm_in nin;             /* mxc_moe_stream with has_nin: x is this norm */
+    int has_nin;
     int blk[MXC_MAX_SLOTS + 1];  /* mxc_moe_stream's own: the blocks of each slot in phase 2 */
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one

@@ -519,7 +519,8 @@ __global__ void __launch_bounds__(THREADS) k_matvec(mxc_mv mv, const float *X, i
     }
 }
 
-static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x);
+static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
+                         const mxc_route *rt, int *cnt);
 
 int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T)
 {
@@ -528,7 +529,7 @@ int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, i
         total += mv->m[i].rows;
     const unsigned blocks = (unsigned)((total + WARPS - 1) / WARPS);
     if (T == 1) {
-        const int rc = matvec_stream(st, mv, X);
+        const int rc = matvec_stream(st, mv, X, nullptr, nullptr, nullptr);
         if (rc >= 0)
             return rc;
         if (total >= 16384)
@@ -721,6 +722,7 @@ __device__ __forceinline__ float delta_at(const mxc_delta &dl, int t, int64_t i,
         return dl.D[t * d + i];
     const float *W = dl.W + (int64_t)t * dl.K, *Y = dl.Y + (int64_t)t * dl.K * d + i;
     float s = 0.0f;
+#pragma unroll 4
     for (int j = 0; j < dl.K; j++)
         s += W[j] * Y[j * d];
     return s;
@@ -937,25 +939,12 @@ int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
  * numerators, then the weighted sum of the value rows (each thread one
  * float4 of the head over a share of the positions, loads unrolled).
  * The split's max, sum and unnormalised output go to part. */
-__global__ void __launch_bounds__(256) k_attend(mxc_att a)
+/* The scores, softmax numerators and weighted values of positions [lo,
+ * hi] for head h of token t, into part (k_attend). */
+__device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int lo, int hi, float *part,
+                                             float4 *qs, float *sc, float *red)
 {
-    pdl_enter();
-    __shared__ float4 qs[64];
-    __shared__ float sc[256];
-    __shared__ float red[1024];
-    const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, hd = a.hd, tid = threadIdx.x;
-    const int span = a.span, h4 = hd / 4;
-    const int pos = a.pos[t];
-    const int start = a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    const int lo = max(sp * span, start), hi = min(pos, sp * span + span - 1);
-    float *part = a.part + (((int64_t)t * a.nh + h) * a.n_split + sp) * (hd + 2);
-    if (lo > hi) {
-        for (int i = tid; i < hd; i += blockDim.x)
-            part[i] = 0.0f;
-        if (tid == 0)
-            part[hd] = -INFINITY, part[hd + 1] = 0.0f;
-        return;
-    }
+    const int hd = a.hd, tid = threadIdx.x, h4 = hd / 4;
     const int kvh = h / (a.nh / a.nkv), n = hi - lo + 1;
     const float4 *q4 = (const float4 *)(a.qr + ((int64_t)t * a.nh + h) * hd);
     for (int i = tid; i < h4; i += blockDim.x)
@@ -1017,6 +1006,66 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         part[hd] = m, part[hd + 1] = l;
 }
 
+/* With a.cnt (one token): the last split block of head h to finish
+ * combines the head's partials (what k_att_combine does), so decode needs
+ * no second launch. */
+__device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t)
+{
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(a.cnt + h, 1) == a.n_split - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    const int hd = a.hd;
+    const float *base = a.part + ((int64_t)t * a.nh + h) * a.n_split * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < a.n_split; s++)
+        M = fmaxf(M, __ldcg(base + s * (hd + 2) + hd));
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float L = 0.0f, o = 0.0f;
+        for (int s = 0; s < a.n_split; s++) {
+            const float *ps = base + s * (hd + 2);
+            const float m = __ldcg(ps + hd);
+            if (m == -INFINITY)
+                continue;
+            const float f = expf(m - M);
+            L += __ldcg(ps + hd + 1) * f;
+            o += __ldcg(ps + i) * f;
+        }
+        a.out[((int64_t)t * a.nh + h) * hd + i] = o / L;
+    }
+    if (threadIdx.x == 0)
+        a.cnt[h] = 0;
+}
+
+__global__ void __launch_bounds__(256) k_attend(mxc_att a)
+{
+    pdl_enter();
+    __shared__ float4 qs[64];
+    __shared__ float sc[256];
+    __shared__ float red[1024];
+    const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, hd = a.hd, tid = threadIdx.x;
+    const int span = a.span;
+    const int pos = a.pos[t];
+    const int start = a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    const int lo = max(sp * span, start), hi = min(pos, sp * span + span - 1);
+    float *part = a.part + (((int64_t)t * a.nh + h) * a.n_split + sp) * (hd + 2);
+    if (lo > hi) {
+        for (int i = tid; i < hd; i += blockDim.x)
+            part[i] = 0.0f;
+        if (tid == 0)
+            part[hd] = -INFINITY, part[hd + 1] = 0.0f;
+    } else {
+        attend_split(a, h, t, lo, hi, part, qs, sc, red);
+    }
+    if (a.cnt)
+        combine_last(a, h, t);
+}
+
 __global__ void k_att_combine(mxc_att a)
 {
     pdl_enter();
@@ -1043,7 +1092,7 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
 {
     dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)a->n_split);
     const int rc = launch_k(k_attend, grid, 256, 0, st, 1, *a);
-    if (rc)
+    if (rc || a->cnt)
         return rc;
     dim3 g2((unsigned)a->nh, (unsigned)a->T);
     return launch_k(k_att_combine, g2, a->hd < 128 ? 128 : 256, 0, st, 1, *a);
@@ -1298,6 +1347,170 @@ __device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, fl
     __syncthreads();
 }
 
+/* stage_x of norm(x + delta) (mxc_norm_in): each block computes the norm
+ * of the whole row itself (the same arithmetic as k_addnorm); block 0
+ * writes x + delta to x_out. */
+__device__ __noinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums)
+{
+    double ss = 0.0, sum = 0.0;
+    const bool wr = n.x_out && blockIdx.x == 0;
+    const int nt = blockDim.x;
+    float wv[8];   /* the norm's weights of the last round (all of them when d <= 8 nt) */
+    /* 8 values a thread at a time, every load of a round issued before
+     * the first is used (the slot rows' too): one trip to memory per
+     * round instead of one per value and slot */
+    for (int base = 0; base < d; base += 8 * nt) {
+        float v[8], a[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = base + threadIdx.x + u * nt;
+            v[u] = i < d ? n.x[i] : 0.0f;
+            wv[u] = i < d ? n.w[i] : 0.0f;
+            a[u] = 0.0f;
+        }
+        if (n.has && n.dl.K == 0) {
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = base + threadIdx.x + u * nt;
+                if (i < d)
+                    a[u] = n.dl.D[i];
+            }
+        } else if (n.has) {
+#pragma unroll 4
+            for (int j = 0; j < n.dl.K; j++) {
+                const float w = n.dl.W[j];
+                const float *Y = n.dl.Y + (int64_t)j * d;
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int i = base + threadIdx.x + u * nt;
+                    if (i < d)
+                        a[u] += w * Y[i];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = base + threadIdx.x + u * nt;
+            if (i < d) {
+                if (n.has)
+                    v[u] += a[u];
+                xs[(i >> 5) * XS + (i & 31)] = v[u];
+                if (wr)
+                    n.x_out[i] = v[u];
+                ss += (double)v[u] * v[u];
+                sum += v[u];
+            }
+        }
+    }
+    if (!n.b && d <= 8 * nt) {
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf((float)(ss / (double)d) + n.eps);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = threadIdx.x + u * nt;
+            if (i < d) {
+                float *v = xs + (i >> 5) * XS + (i & 31);
+                *v = wv[u] * (*v * r);
+            }
+        }
+    } else if (!n.b) {
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf((float)(ss / (double)d) + n.eps);
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float *v = xs + (i >> 5) * XS + (i & 31);
+            *v = n.w[i] * (*v * r);
+        }
+    } else {
+        const float mean = (float)(block_sum(sum) / (double)d);
+        double var = 0.0;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            const double v = xs[(i >> 5) * XS + (i & 31)];
+            var += (v - mean) * (v - mean);
+        }
+        const float r = 1.0f / sqrtf((float)(block_sum(var) / (double)d) + n.eps);
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float *v = xs + (i >> 5) * XS + (i & 31);
+            *v = n.w[i] * ((*v - mean) * r) + n.b[i];
+        }
+    }
+    __syncthreads();
+    const int nch = d >> 5;
+    for (int c = threadIdx.x; c < nch; c += blockDim.x) {
+        const float4 *p = (const float4 *)(xs + c * XS);
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float4 a = p[2 * q], b = p[2 * q + 1];
+            s += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+        }
+        sums[c] = s;
+    }
+    __syncthreads();
+}
+
+/* k_route for one token by one warp, E <= MXC_ROUTE_FUSED_MAX (each lane
+ * keeps its experts' numerators in registers): the same arithmetic and
+ * ties.  Reads what other blocks of the launch wrote: through L2. */
+__device__ __noinline__ void route_small(const mxc_route &r, int lane)
+{
+    constexpr int NP = MXC_ROUTE_FUSED_MAX / 32;
+    const int E = r.E;
+    float p[NP];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < NP; q++) {
+        const int i = lane + 32 * q;
+        p[q] = i < E ? __ldcg(r.logits + i) : -INFINITY;
+        mx = fmaxf(mx, p[q]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NP; q++)
+        if (lane + 32 * q < E) {
+            p[q] = expf(p[q] - mx);
+            sum += p[q];
+        }
+    sum = warp_sum(sum);
+    unsigned taken = 0;
+    float wsum = 0.0f;
+    for (int j = 0; j < r.k; j++) {
+        int best = -1;
+        float bv = -INFINITY;
+#pragma unroll
+        for (int q = 0; q < NP; q++)
+            if (lane + 32 * q < E && !((taken >> q) & 1u) && (best < 0 || p[q] > bv))
+                best = lane + 32 * q, bv = p[q];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best, o);
+            if (oi >= 0 && (best < 0 || ov > bv || (ov == bv && oi < best)))
+                best = oi, bv = ov;
+        }
+        if ((best & 31) == lane)
+            taken |= 1u << (best >> 5);
+        if (lane == 0) {
+            r.P[j] = best;
+            r.W[j] = bv / sum;
+        }
+        wsum += bv / sum;
+    }
+    if (lane == 0) {
+        for (int j = 0; j < r.k; j++) {
+            if (r.norm_topk)
+                r.W[j] /= wsum;
+            if (r.expert_scale)
+                r.W[j] *= r.expert_scale[r.P[j]];
+        }
+        const int K = r.k + r.n_extra;
+        for (int m = r.k; m < K; m++) {
+            r.P[m] = E + (m - r.k);
+            r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-__ldcg(r.glog))) : 1.0f;
+        }
+    }
+}
+
 /* One step's data of R rows: each row's chunk words, scale and bias. */
 template <int BITS, int R>
 struct mv_stage {
@@ -1429,8 +1642,11 @@ struct mv_src {
 };
 
 template <int BITS, int DT, int R>
-__global__ void __launch_bounds__(THREADS, 3) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch)
+__global__ void __launch_bounds__(THREADS, 3) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
+                                                   const __grid_constant__ mxc_norm_in nin, int has_nin,
+                                                   const __grid_constant__ mxc_route rt, int *cnt)
 {
+    __shared__ int last;
     extern __shared__ float4 smem_f4[];
     float *xs = (float *)smem_f4, *sums = xs + nch * XS;
     pdl_go();
@@ -1445,9 +1661,27 @@ __global__ void __launch_bounds__(THREADS, 3) k_mvs(const __grid_constant__ mxc_
             src.load(lane, cur);
     }
     pdl_wait();
-    stage_x(x, nch, xs, sums);
+    if (has_nin)
+        stage_norm(nin, nch * 32, xs, sums);
+    else
+        stage_x(x, nch, xs, sums);
     if (g < G)
         stream_rows<BITS, DT, R>(src, cur, g, gstride, G, nch, xs, sums, lane);
+    if (!cnt)
+        return;
+    /* the last block to finish routes the token (threadFenceReduction) */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(cnt, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        if (warp == 0)
+            route_small(rt, lane);
+        if (threadIdx.x == 0)
+            *cnt = 0;
+    }
 }
 
 /* Phase 1: groups of two h rows of one slot (gate rows r, r + 1 then up
@@ -1493,18 +1727,22 @@ __global__ void __launch_bounds__(THREADS, BITS == 4 ? 3 : 2) k_moe1s(const __gr
     float *xs = (float *)smem_f4, *sums = xs + nch * XS;
     pdl_enter();
     load_slots(p, sm, 0, 2);
-    stage_x(p.x, nch, xs, sums);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
-    if (g >= G)
-        return;
     moe1_src<BITS, DT> src(p, sm);
     mv_stage<BITS, 4> cur;
-    src.locate(g);
-    src.advance();
-    if (lane < nch)
-        src.load(lane, cur);
-    stream_rows<BITS, DT, 4>(src, cur, g, gstride, G, nch, xs, sums, lane);
+    if (g < G) {   /* the first weights in flight while x is staged */
+        src.locate(g);
+        src.advance();
+        if (lane < nch)
+            src.load(lane, cur);
+    }
+    if (p.has_nin)
+        stage_norm(p.nin, nch * 32, xs, sums);
+    else
+        stage_x(p.x, nch, xs, sums);
+    if (g < G)
+        stream_rows<BITS, DT, 4>(src, cur, g, gstride, G, nch, xs, sums, lane);
 }
 
 /* Phase 2: the blocks [blk[j], blk[j + 1]) take slot j's down rows
@@ -1546,20 +1784,22 @@ __global__ void __launch_bounds__(THREADS, 3) k_moe2s(const __grid_constant__ mx
     float *xs = (float *)smem_f4, *sums = xs + nch * XS;
     if (threadIdx.x == 0)
         sm = p.table[3 * p.P[j] + 2];
-    stage_x(p.h + p.off[j], nch, xs, sums);   /* its barriers publish sm */
+    __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t G = (p.d + R - 1) / R;
     const int64_t g = (int64_t)(blockIdx.x - p.blk[j]) * WARPS + warp;
     const int64_t gstride = (int64_t)(p.blk[j + 1] - p.blk[j]) * WARPS;
-    if (g >= G)
-        return;
     moe2_src<BITS, DT, R> src(sm, p.Y + (int64_t)j * p.d, p.d);
     mv_stage<BITS, R> cur;
-    src.locate(g);
-    src.advance();
-    if (lane < nch)
-        src.load(lane, cur);
-    stream_rows<BITS, DT, R>(src, cur, g, gstride, G, nch, xs, sums, lane);
+    if (g < G) {   /* the first weights in flight while h is staged */
+        src.locate(g);
+        src.advance();
+        if (lane < nch)
+            src.load(lane, cur);
+    }
+    stage_x(p.h + p.off[j], nch, xs, sums);
+    if (g < G)
+        stream_rows<BITS, DT, R>(src, cur, g, gstride, G, nch, xs, sums, lane);
 }
 
 static int g_nsm;
@@ -1615,7 +1855,8 @@ static int stream_bits(const mxc_mat *ms, int n)
 }
 
 template <int BITS, int DT, int R>
-static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x)
+static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
+                      const mxc_route *rt, int *cnt)
 {
     int64_t G = 0;
     for (int i = 0; i < mv->n; i++)
@@ -1623,19 +1864,33 @@ static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x)
     const size_t smem = stage_bytes(mv->m[0].cols);
     const int64_t want = (G + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_mvs<BITS, DT, R>, smem) * sm_count();
     const unsigned nb = (unsigned)(want < fit ? want : fit);
-    return launch_k(k_mvs<BITS, DT, R>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5));
+    const mxc_norm_in no_nin = {};
+    const mxc_route no_rt = {};
+    return launch_k(k_mvs<BITS, DT, R>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
+                    nin ? *nin : no_nin, nin ? 1 : 0, rt ? *rt : no_rt, rt ? cnt : (int *)nullptr);
+}
+
+int mxc_stream_ok(const mxc_mat *ms, int n)
+{
+    if (!stream_bits(ms, n) || ms[0].cols > MXC_STAGE_MAX)
+        return 0;
+    for (int i = 1; i < n; i++)
+        if (ms[i].cols != ms[0].cols)
+            return 0;
+    return 1;
 }
 
 /* One token through the streaming kernel; -1 when it does not apply. */
-static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x)
+static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
+                         const mxc_route *rt, int *cnt)
 {
     const int bits = stream_bits(mv->m, mv->n);
-    if (!bits || mv->m[0].cols > MXC_STAGE_MAX || ((uintptr_t)x & 15))
+    if (!bits || mv->m[0].cols > MXC_STAGE_MAX || (!nin && ((uintptr_t)x & 15)))
         return -1;
     const int dt = mv->m[0].dt;
 #define MXC_MVS(B, D, R) \
     if (bits == B && dt == D) \
-        return launch_mvs<B, D, R>(st, mv, x);
+        return launch_mvs<B, D, R>(st, mv, x, nin, rt, cnt);
     MXC_MVS(4, MXC_F16, 4) MXC_MVS(4, MXC_BF16, 4) MXC_MVS(4, MXC_F32, 4)
     MXC_MVS(8, MXC_F16, 2) MXC_MVS(8, MXC_BF16, 2) MXC_MVS(8, MXC_F32, 2)
 #undef MXC_MVS
@@ -1670,6 +1925,15 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
         q.blk[j + 1] = q.blk[j] + (int)b;
     }
     return launch_k(k_moe2s<BITS, DT, R>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+}
+
+int mxc_matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
+                      const mxc_route *route, int *cnt)
+{
+    if (!mxc_stream_ok(mv->m, mv->n) || (route && route->E > MXC_ROUTE_FUSED_MAX))
+        return (int)cudaErrorInvalidValue;
+    const int rc = matvec_stream(st, mv, x, nin, route, cnt);
+    return rc < 0 ? (int)cudaErrorInvalidValue : rc;
 }
 
 int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt)
