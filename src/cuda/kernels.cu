@@ -954,6 +954,7 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
     const float4 *V = (const float4 *)(a.vc + (int64_t)kvh * a.n_ctx * hd);
     const int g = tid & 7, pp = tid >> 3;
     float mloc = -INFINITY;
+#pragma unroll 2
     for (int j0 = 0; j0 < n; j0 += 32) {
         const int j = j0 + pp;
         float d = 0.0f;
@@ -986,7 +987,7 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
     const int parts = 256 / h4, d4 = tid % h4, prt = tid / h4;
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (prt < parts) {
-#pragma unroll 4
+#pragma unroll 8
         for (int j = prt; j < n; j += parts) {
             const float w = sc[j];
             const float4 v = V[(int64_t)(lo + j) * h4 + d4];
@@ -1642,7 +1643,7 @@ struct mv_src {
 };
 
 template <int BITS, int DT, int R>
-__global__ void __launch_bounds__(THREADS, 3) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
+__global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
                                                    const __grid_constant__ mxc_norm_in nin, int has_nin,
                                                    const __grid_constant__ mxc_route rt, int *cnt)
 {
@@ -1719,7 +1720,7 @@ struct moe1_src {
 };
 
 template <int BITS, int DT>
-__global__ void __launch_bounds__(THREADS, BITS == 4 ? 3 : 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
+__global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
     extern __shared__ float4 smem_f4[];
@@ -1772,7 +1773,7 @@ struct moe2_src {
 };
 
 template <int BITS, int DT, int R>
-__global__ void __launch_bounds__(THREADS, 3) k_moe2s(const __grid_constant__ mxc_moe1 p)
+__global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mxc_moe1 p)
 {
     __shared__ mxc_mat sm;
     extern __shared__ float4 smem_f4[];
