@@ -12,8 +12,8 @@
  *     a two-sequence batched step, and the CUDA graph step equal to the
  *     step without it;
  *   - every affine format through the matvec and tile kernels, and 4- and
- *     8-bit matrices of 20001 x 2432 through the streaming matvec, against
- *     the CPU;
+ *     8-bit matrices of 20001 and 5001 x 2432 through the streaming
+ *     matvec, against the CPU;
  *   - the families it does not support: attach fails naming the feature;
  *   - models/kjv-moe (trained): GPU logits against the CPU's for prompts of
  *     1, 5 (the matvec path) and 600 tokens (tiles, several attention
@@ -334,12 +334,13 @@ static void linears(void)
 /* One token through wide, tall 4- and 8-bit matrices: rows enough that
  * each warp of the streaming kernel walks several row groups (its blocks
  * stay resident), rows long enough for several steps per group, the last
- * one partial. */
-static void wide_linears(void)
+ * one partial.  rows sets how many rows a warp takes at a time (20001:
+ * 4 on an H200, 5001: 2; the small linears above: 1). */
+static void wide_linears(int64_t rows)
 {
     static const int bits[] = {4, 8}, gss[] = {32, 64, 128};
     static const mx_dtype sdt[] = {MX_F16, MX_BF16, MX_F32};
-    const int64_t rows = 20001, cols = 2432;
+    const int64_t cols = 2432;
     unsigned long long seed = 7;
     float *w = malloc(sizeof(float) * rows * cols), *X = malloc(sizeof(float) * cols);
     float *ref = malloc(sizeof(float) * rows), *got = malloc(sizeof(float) * rows);
@@ -365,12 +366,12 @@ static void wide_linears(void)
                 const double d = max_abs_diff(ref, got, (size_t)rows) / (max_abs(ref, (size_t)rows) + 1e-30);
                 if (rc || d > 1e-5) {
                     bad++;
-                    fprintf(stderr, "wide linear %d-bit group %d sdtype %d: relative difference %g\n", bits[ib],
-                            gss[ig], (int)sdt[is], d);
+                    fprintf(stderr, "wide linear %lld rows %d-bit group %d sdtype %d: relative difference %g\n",
+                            (long long)rows, bits[ib], gss[ig], (int)sdt[is], d);
                 }
             }
     mx_qkernels_force(NULL);
-    CHECKF(bad == 0, "%d of 18 wide GPU linears differ from the CPU reference", bad);
+    CHECKF(bad == 0, "%d of 18 wide GPU linears of %lld rows differ from the CPU reference", bad, (long long)rows);
     free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);
 }
 
@@ -433,7 +434,8 @@ int main(void)
     }
     fprintf(stderr, "GPU: %s\n", info);
     linears();
-    wide_linears();
+    wide_linears(20001);
+    wide_linears(5001);
     const char *src = getenv("MLXCEL_SRC");
     if (src) {
         char dir[1024];

@@ -1871,6 +1871,34 @@ static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x, const m
                     nin ? *nin : no_nin, nin ? 1 : 0, rt ? *rt : no_rt, rt ? cnt : (int *)nullptr);
 }
 
+/* Row groups of R rows in a launch of mv. */
+static int64_t mv_groups(const mxc_mv *mv, int R)
+{
+    int64_t G = 0;
+    for (int i = 0; i < mv->n; i++)
+        G += (mv->m[i].rows + R - 1) / R;
+    return G;
+}
+
+/* launch_mvs with the most rows per warp (4, 2 or 1; 8-bit: 2 or 1) that
+ * still gives three quarters of the resident blocks work: a short matrix
+ * (o_proj, a router) spreads over more warps instead of leaving SMs idle. */
+template <int BITS, int DT>
+static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
+                        const mxc_route *rt, int *cnt)
+{
+    constexpr int RMAX = BITS == 4 ? 4 : 2;
+    const int64_t fit = (int64_t)resident((const void *)k_mvs<BITS, DT, RMAX>, stage_bytes(mv->m[0].cols)) * sm_count();
+    const int64_t enough = fit * 3 / 4;
+    if constexpr (RMAX == 4) {
+        if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
+            return launch_mvs<BITS, DT, 4>(st, mv, x, nin, rt, cnt);
+    }
+    if ((mv_groups(mv, 2) + WARPS - 1) / WARPS >= enough)
+        return launch_mvs<BITS, DT, 2>(st, mv, x, nin, rt, cnt);
+    return launch_mvs<BITS, DT, 1>(st, mv, x, nin, rt, cnt);
+}
+
 int mxc_stream_ok(const mxc_mat *ms, int n)
 {
     if (!stream_bits(ms, n) || ms[0].cols > MXC_STAGE_MAX)
@@ -1889,16 +1917,34 @@ static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, cons
     if (!bits || mv->m[0].cols > MXC_STAGE_MAX || (!nin && ((uintptr_t)x & 15)))
         return -1;
     const int dt = mv->m[0].dt;
-#define MXC_MVS(B, D, R) \
+#define MXC_MVS(B, D) \
     if (bits == B && dt == D) \
-        return launch_mvs<B, D, R>(st, mv, x, nin, rt, cnt);
-    MXC_MVS(4, MXC_F16, 4) MXC_MVS(4, MXC_BF16, 4) MXC_MVS(4, MXC_F32, 4)
-    MXC_MVS(8, MXC_F16, 2) MXC_MVS(8, MXC_BF16, 2) MXC_MVS(8, MXC_F32, 2)
+        return launch_mvs_r<B, D>(st, mv, x, nin, rt, cnt);
+    MXC_MVS(4, MXC_F16) MXC_MVS(4, MXC_BF16) MXC_MVS(4, MXC_F32)
+    MXC_MVS(8, MXC_F16) MXC_MVS(8, MXC_BF16) MXC_MVS(8, MXC_F32)
 #undef MXC_MVS
     return -1;
 }
 
-template <int BITS, int DT, int R>
+/* Phase 2's blocks [blk[j], blk[j + 1]) per slot, in proportion to each
+ * slot's width, at most what a slot's ceil(d / R) row groups can use, for
+ * about nb blocks in all; returns the total. */
+static int share_blocks(mxc_moe1 *q, int64_t nb, int R)
+{
+    int64_t total = 0;
+    for (int j = q->lo; j < q->hi; j++)
+        total += q->off[j + 1] - q->off[j];
+    const int64_t cap = ((q->d + R - 1) / R + WARPS - 1) / WARPS;
+    q->blk[q->lo] = 0;
+    for (int j = q->lo; j < q->hi; j++) {
+        int64_t b = nb * (q->off[j + 1] - q->off[j]) / (total > 0 ? total : 1);
+        b = b < 1 ? 1 : b > cap ? cap : b;
+        q->blk[j + 1] = q->blk[j] + (int)b;
+    }
+    return q->blk[q->hi];
+}
+
+template <int BITS, int DT>
 static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
 {
     mxc_moe1 q = *p;
@@ -1909,23 +1955,22 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
     int rc = launch_k(k_moe1s<BITS, DT>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, q, G1);
     if (rc)
         return rc;
-    /* phase 2: blocks shared out in proportion to each slot's width */
-    int64_t widest = 0, total = 0;
-    for (int j = q.lo; j < q.hi; j++) {
-        const int64_t w = q.off[j + 1] - q.off[j];
-        widest = w > widest ? w : widest;
-        total += w;
-    }
+    /* phase 2: the most rows per warp that keeps three quarters of the
+     * resident blocks busy */
+    int64_t widest = 0;
+    for (int j = q.lo; j < q.hi; j++)
+        widest = q.off[j + 1] - q.off[j] > widest ? q.off[j + 1] - q.off[j] : widest;
     const size_t smem2 = stage_bytes(widest);
-    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, R>, smem2) * sm_count();
-    const int64_t cap = ((q.d + R - 1) / R + WARPS - 1) / WARPS;   /* blocks one slot can use */
-    q.blk[q.lo] = 0;
-    for (int j = q.lo; j < q.hi; j++) {
-        int64_t b = nb * (q.off[j + 1] - q.off[j]) / (total > 0 ? total : 1);
-        b = b < 1 ? 1 : b > cap ? cap : b;
-        q.blk[j + 1] = q.blk[j] + (int)b;
+    constexpr int RMAX = BITS == 4 ? 4 : 2;
+    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX>, smem2) * sm_count();
+    if constexpr (RMAX == 4) {
+        if (share_blocks(&q, nb, 4) >= nb * 3 / 4)
+            return launch_k(k_moe2s<BITS, DT, 4>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
     }
-    return launch_k(k_moe2s<BITS, DT, R>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+    if (share_blocks(&q, nb, 2) >= nb * 3 / 4)
+        return launch_k(k_moe2s<BITS, DT, 2>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+    share_blocks(&q, nb, 1);
+    return launch_k(k_moe2s<BITS, DT, 1>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
 }
 
 int mxc_matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
@@ -1945,11 +1990,11 @@ int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt)
     for (int j = p->lo; j < p->hi; j++)
         if (p->off[j + 1] - p->off[j] > MXC_STAGE_MAX)
             return (int)cudaErrorInvalidValue;
-#define MXC_MOES(B, D, R) \
+#define MXC_MOES(B, D) \
     if (bits == B && dt == D) \
-        return launch_moe_s<B, D, R>(st, p);
-    MXC_MOES(4, MXC_F16, 4) MXC_MOES(4, MXC_BF16, 4) MXC_MOES(4, MXC_F32, 4)
-    MXC_MOES(8, MXC_F16, 2) MXC_MOES(8, MXC_BF16, 2) MXC_MOES(8, MXC_F32, 2)
+        return launch_moe_s<B, D>(st, p);
+    MXC_MOES(4, MXC_F16) MXC_MOES(4, MXC_BF16) MXC_MOES(4, MXC_F32)
+    MXC_MOES(8, MXC_F16) MXC_MOES(8, MXC_BF16) MXC_MOES(8, MXC_F32)
 #undef MXC_MOES
     return (int)cudaErrorInvalidValue;
 }
