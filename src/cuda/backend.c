@@ -110,6 +110,7 @@ typedef struct cu_ctx {
     int64_t q_rows_max, kvd_max, qdim_max, E_max, Kp_max, ff_max;
     int graphable;               /* every MoE layer routes on the GPU */
     int fuse_norms;              /* one-token steps: every norm staged by the streaming kernels that read it */
+    int fuse_on;                 /* MLXCEL_CUDA_FUSE (the q/k/v heads inside the attention kernel) */
     int *att_cnt, *route_cnt;    /* zeroed counters of the kernels whose last block finishes the work */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
     float *one_W;                /* [1] = 1 */
@@ -661,13 +662,16 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
                  .clip = m->cfg.clip_qkv > 0 ? (float)m->cfg.clip_qkv : 0.0f, .v_norm = a->v_norm,
                  .rope_dims = ro->dims, .inv_freq = c->inv_freq[cl->rope], .inv_freq_long = c->inv_long[cl->rope],
                  .mscale = ro->mscale, .mscale_long = ro->mscale_long, .orig_max = ro->orig_max};
-    KL(mxc_qkv_post(c->st, &p));
+    if (T > 1 || !c->fuse_on)
+        KL(mxc_qkv_post(c->st, &p));
     mxc_att at = {.qr = b->qr, .kc = kc, .vc = vc, .n_ctx = k->q->n_ctx, .pos = b->pos, .T = T,
                   .nh = a->n_heads, .nkv = a->n_kv, .hd = a->head_dim, .window = a->window,
                   .scale = a->scale, .out = b->att};
     if (T == 1) {   /* the sequence's partials cover its whole context (graphs replay at any position) */
         at.part = k->q->part;
         at.cnt = c->att_cnt;
+        at.fuse = c->fuse_on;
+        at.qkv = p;
         at.span = MXC_ATT_SPAN_DECODE;
         at.n_split = k->graph ? k->q->n_split : (k->last_pos + at.span) / at.span;
     } else {
@@ -1268,7 +1272,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     for (int l = 0; l < m->n_layers; l++)
         if ((rc = setup_layer(c, l, e)))
             goto fail;
-    c->fuse_norms = mx_env_flag("MLXCEL_CUDA_FUSE", 1) && mxc_stream_ok(&c->mats[c->head_i], 1);
+    c->fuse_on = mx_env_flag("MLXCEL_CUDA_FUSE", 1);
+    c->fuse_norms = c->fuse_on && mxc_stream_ok(&c->mats[c->head_i], 1);
     for (int l = 0; l < m->n_layers && c->fuse_norms; l++) {
         const cu_layer *cl = &c->layers[l];
         const mxc_mat qkv[3] = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi]};

@@ -167,6 +167,8 @@ typedef struct mxc_att {
     int n_split, span;
     float *out;
     int *cnt;                    /* T = 1: [nh] zeroed ints; the last split of a head combines (no second launch) */
+    int fuse;                    /* T = 1: the blocks do qkv's work themselves (no mxc_qkv_post launch) */
+    mxc_qkv qkv;
 } mxc_att;
 int mxc_attend(cudaStream_t st, const mxc_att *a);
 

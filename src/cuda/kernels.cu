@@ -850,11 +850,13 @@ int mxc_softcap(cudaStream_t st, float *logits, int64_t n, float cap)
 
 /* ---- q/k/v heads: clip, norm, rope, into the cache ---------------------------- */
 
-__global__ void k_qkv(mxc_qkv p)
+/* Head h of token t after the q, k, v projections: h < nh a q head (into
+ * qdst when not NULL, else p.qr), else kv head h - nh (k and v into the
+ * cache at the token's position).  hv: hd floats of shared memory; every
+ * thread of the block calls it. */
+__device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv, float *qdst)
 {
-    pdl_enter();
-    extern __shared__ float hv[];   /* [hd] the head */
-    const int t = blockIdx.x, h = blockIdx.y, hd = p.hd;
+    const int hd = p.hd;
     const int isq = h < p.nh, g = isq ? h : h - p.nh;
     const int64_t kvd = (int64_t)p.nkv * hd;
     const float *row = isq ? p.q + t * p.q_rows : p.k + t * kvd;
@@ -891,7 +893,7 @@ __global__ void k_qkv(mxc_qkv p)
     const float *f = longf ? p.inv_freq_long : p.inv_freq;
     const float sc = longf ? p.mscale_long : p.mscale;
     const int half = p.rope_dims / 2;
-    float *dst = isq ? p.qr + ((int64_t)t * p.nh + g) * hd
+    float *dst = isq ? (qdst ? qdst : p.qr + ((int64_t)t * p.nh + g) * hd)
                      : p.kc + ((int64_t)g * p.n_ctx + pos) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = hv[i];
@@ -925,6 +927,13 @@ __global__ void k_qkv(mxc_qkv p)
     }
 }
 
+__global__ void k_qkv(mxc_qkv p)
+{
+    pdl_enter();
+    extern __shared__ float hv[];   /* [hd] the head */
+    qkv_head(p, blockIdx.x, blockIdx.y, hv, nullptr);
+}
+
 int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
 {
     dim3 grid((unsigned)p->T, (unsigned)(p->nh + p->nkv));
@@ -946,9 +955,11 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
 {
     const int hd = a.hd, tid = threadIdx.x, h4 = hd / 4;
     const int kvh = h / (a.nh / a.nkv), n = hi - lo + 1;
-    const float4 *q4 = (const float4 *)(a.qr + ((int64_t)t * a.nh + h) * hd);
-    for (int i = tid; i < h4; i += blockDim.x)
-        qs[i] = q4[i];
+    if (!a.fuse) {   /* else the block made qs itself */
+        const float4 *q4 = (const float4 *)(a.qr + ((int64_t)t * a.nh + h) * hd);
+        for (int i = tid; i < h4; i += blockDim.x)
+            qs[i] = q4[i];
+    }
     __syncthreads();
     const float4 *K = (const float4 *)(a.kc + (int64_t)kvh * a.n_ctx * hd);
     const float4 *V = (const float4 *)(a.vc + (int64_t)kvh * a.n_ctx * hd);
@@ -1043,6 +1054,7 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t)
         a.cnt[h] = 0;
 }
 
+template <bool FUSE>
 __global__ void __launch_bounds__(256) k_attend(mxc_att a)
 {
     pdl_enter();
@@ -1061,6 +1073,18 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         if (tid == 0)
             part[hd] = -INFINITY, part[hd + 1] = 0.0f;
     } else {
+        if constexpr (FUSE) {
+            /* one token: the block makes its q head itself, and the split
+             * holding the position also its kv head's k and v (into the
+             * cache: blocks of the other q heads of the group write the
+             * same values), so the heads need no launch of their own */
+            __shared__ float hv[256];
+            qkv_head(a.qkv, t, h, hv, (float *)qs);
+            if (pos >= sp * span && pos < sp * span + span) {
+                __syncthreads();
+                qkv_head(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr);
+            }
+        }
         attend_split(a, h, t, lo, hi, part, qs, sc, red);
     }
     if (a.cnt)
@@ -1092,7 +1116,8 @@ __global__ void k_att_combine(mxc_att a)
 int mxc_attend(cudaStream_t st, const mxc_att *a)
 {
     dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)a->n_split);
-    const int rc = launch_k(k_attend, grid, 256, 0, st, 1, *a);
+    const int rc = a->fuse ? launch_k(k_attend<true>, grid, 256, 0, st, 1, *a)
+                           : launch_k(k_attend<false>, grid, 256, 0, st, 1, *a);
     if (rc || a->cnt)
         return rc;
     dim3 g2((unsigned)a->nh, (unsigned)a->T);
