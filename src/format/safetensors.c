@@ -511,7 +511,8 @@ static int set_add_file(mx_st_set *s, const char *path, mx_err *e)
         void *m = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
         close(fd);
         if (m == MAP_FAILED)
-            return mx_fail(e, MX_EIO, "%s: mmap failed: %s", path, strerror(errno));
+            return mx_fail(e, MX_EIO, "%s: mmap of the whole file (%zu bytes) failed: %s", path,
+                           f->len, strerror(errno));
         f->map = m;
         rc = mx_st_parse(m, f->len, f->path, &ts, &n, e);
     }
