@@ -114,8 +114,61 @@ static void *caller(void *arg)
     return NULL;
 }
 
+/* The tuner on synthetic timings: calls on the team take `team` seconds,
+ * on one thread `one`; returns the calls in [from, to) that ran on one
+ * thread. */
+static int run_tuner(mx_tuner *u, int from, int to, double team, double one, int outlier_at)
+{
+    int ones = 0;
+    for (int i = from; i < to; i++) {
+        int arm = mx_tuner_pick(u);
+        CHECK(arm == 0 || arm == 1);
+        double t = arm ? one : team;
+        if (i == outlier_at)
+            t *= 20;   /* a page fault or a preemption */
+        mx_tuner_record(u, arm, t);
+        ones += arm;
+    }
+    return ones;
+}
+
+static void test_tuner(void)
+{
+    /* a quiet machine: the team is faster; after the first calls (7 of
+     * each arm) the other arm is timed twice per 64 calls at most, less
+     * and less often */
+    mx_tuner u = {0};
+    CHECK(run_tuner(&u, 0, 14, 2e-4, 3.5e-4, -1) == 7);
+    int ones = run_tuner(&u, 14, 2014, 2e-4, 3.5e-4, -1);
+    CHECK(ones > 0 && ones <= 2 * 2000 / 64);
+    CHECKF(ones <= 16, "%d calls on one thread in 2000 once the team is known to be faster", ones);
+    /* one slow call of the team does not send the next calls to one thread */
+    ones = run_tuner(&u, 2014, 2030, 2e-4, 3.5e-4, 2015);
+    CHECKF(ones <= 2, "%d calls on one thread after one slow call", ones);
+    /* the machine gets busy: the team's calls take 4x; the choice follows
+     * within a few calls of the next timing of the other arm (<= 1024 calls) */
+    ones = run_tuner(&u, 2030, 4030, 8e-4, 3.5e-4, -1);
+    CHECKF(ones >= 2000 - 1024 - 8, "%d of 2000 calls on one thread on a busy machine", ones);
+    /* and quiet again: back to the team */
+    ones = run_tuner(&u, 4030, 6030, 2e-4, 3.5e-4, -1);
+    CHECKF(ones <= 1024 + 8 + 16, "%d of 2000 calls on one thread once quiet again", ones);
+    int last = run_tuner(&u, 6030, 6094, 2e-4, 3.5e-4, -1);
+    CHECKF(last <= 2, "%d of the last 64 calls on one thread", last);
+
+    /* a busy machine from the start: one thread after the first calls */
+    mx_tuner b = {0};
+    run_tuner(&b, 0, 14, 8e-4, 3.5e-4, -1);
+    ones = run_tuner(&b, 14, 1014, 8e-4, 3.5e-4, -1);
+    CHECKF(ones >= 1000 - 2 * 1000 / 64, "%d of 1000 calls on one thread", ones);
+    /* an outlier among the first timings does not decide (medians) */
+    mx_tuner c = {0};
+    run_tuner(&c, 0, 14, 2e-4, 3.5e-4, 3);
+    CHECK(mx_tuner_pick(&c) == 0);
+}
+
 int main(void)
 {
+    test_tuner();
     for (int spin = 0; spin < 2; spin++) {
         mx_set_spin_us(spin ? 100 : 0);
         for (int nth = 1; nth <= 6; nth++) {

@@ -42,6 +42,7 @@
 #include "model/family.h"
 #include "model/model.h"
 #include "model/ops.h"
+#include "util/clock.h"
 #include "util/parallel.h"
 
 /* ---- the state of a call ---------------------------------------------------- */
@@ -919,11 +920,28 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
     return total;
 }
 
+/* Below this many bytes of weights per token a one-token call takes well
+ * under a millisecond, and its barriers, not its reads, decide whether a
+ * second thread helps (util/parallel.h: mx_tuner).  MLXCEL_AUTO_THREADS=0
+ * keeps the whole team. */
+#define SMALL_MODEL_BYTES (32u << 20)
+
+static int small_model(mx_model *m)
+{
+    if (!m->tune_on)
+        m->tune_on = mx_env_flag("MLXCEL_AUTO_THREADS", 1) && mx_model_active_bytes(m) < SMALL_MODEL_BYTES
+                         ? 1 : -1;
+    return m->tune_on > 0;
+}
+
 /* The shared body of mx_forward and mx_forward_batch. */
 static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tokens, int64_t T,
                           float *logits, float *all_logits, const mx_forward_trace *trace, mx_err *e)
 {
-    const int nth = mx_threads();
+    int nth = mx_threads();
+    const int arm = T == 1 && nth > 1 && small_model(m) ? mx_tuner_pick(&m->tune) : -1;
+    if (arm == 1)
+        nth = 1;
     pass p = {.m = m, .T = T, .tokens = tokens, .ts = *ts, .logits = logits,
               .all_logits = all_logits, .trace = trace, .e = e};
     size_t rope_bytes[MX_MAX_ROPES], need = layout(&p, NULL, nth, NULL);
@@ -962,7 +980,10 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
     }
     mx_team_init(&p.team);
     pass_run run = {&p, lanes};
+    const double t0 = arm >= 0 ? mx_now() : 0;
     mx_pool_run(nth, pass_thread, &run);
+    if (arm >= 0)
+        mx_tuner_record(&m->tune, arm, mx_now() - t0);
     return p.rc;
 }
 

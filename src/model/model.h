@@ -21,6 +21,7 @@
 #include "model/family.h"
 #include "moe/moe.h"
 #include "quant/quant.h"
+#include "util/parallel.h"
 #include "util/scratch.h"
 
 /* A normalisation of the residual stream: RMSNorm (b NULL) or, for
@@ -179,6 +180,10 @@ typedef struct mx_model {
     void *backend_ctx;
     mx_moe_remote *remote;       /* NULL: every routed expert runs in this process */
     int experts_only;            /* only routed experts were bound (mx_model_load_opts) */
+    /* one-token calls of a small model: the whole team or one thread, by
+     * measurement (util/parallel.h); tune_on: 0 not decided yet, 1, -1 */
+    mx_tuner tune;
+    int tune_on;
 } mx_model;
 
 /* Loads DIR (config.json, generation_config.json, safetensors), through

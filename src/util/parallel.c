@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -253,4 +254,94 @@ void mx_pool_run(int nth, mx_pool_fn fn, void *arg)
     for (unsigned d; (d = atomic_load_explicit(&g_pool.done, memory_order_acquire)) != (unsigned)(nth - 1);)
         wait_while(&g_pool.done, d, &g_pool.done_sleepers);
     pthread_mutex_unlock(&g_pool.lock);
+}
+
+/* Each arm runs TUNE_FIRST + 1 calls in a row, the first not counted,
+ * and the first choice compares their medians.  In a row, not in turns:
+ * a core left idle for a call sleeps, and on a virtual machine waking it
+ * can take a millisecond, which alternating arms would charge to every
+ * call of the team.  For the same reason the arm not chosen is timed with
+ * two calls in a row, the second counted, every `interval` calls, an
+ * interval that doubles (64 up to 1024) while the choice stands and starts
+ * over when it changes: a wrong arm costs at most two calls in 64, and a
+ * change of the machine's state is followed within a few hundred calls.
+ * The chosen arm's average moves by a quarter of each timing's difference,
+ * a timing counted as at most twice the average (one call in a few
+ * hundred takes ten times the others: a page fault, a preemption), so one
+ * slow call does not flip the choice while a lasting change shows within a
+ * few calls. */
+enum { TUNE_FIRST = 6, TUNE_PROBE_MIN = 64, TUNE_PROBE_MAX = 1024 };
+enum { TUNE_EXPLORE0, TUNE_EXPLORE1, TUNE_STEADY, TUNE_PROBE };
+
+static int tuner_best(const mx_tuner *u) { return u->mean[1] < u->mean[0]; }
+
+static double median_first(const double *v)
+{
+    double a[TUNE_FIRST];
+    memcpy(a, v, sizeof a);
+    for (int i = 1; i < TUNE_FIRST; i++)
+        for (int j = i; j > 0 && a[j - 1] > a[j]; j--) {
+            double t = a[j];
+            a[j] = a[j - 1];
+            a[j - 1] = t;
+        }
+    return 0.5 * (a[TUNE_FIRST / 2 - 1] + a[TUNE_FIRST / 2]);
+}
+
+int mx_tuner_pick(mx_tuner *u)
+{
+    switch (u->phase) {
+    case TUNE_EXPLORE0:
+        return 0;
+    case TUNE_EXPLORE1:
+        return 1;
+    case TUNE_PROBE:
+        return !tuner_best(u);
+    default:
+        if (u->interval < TUNE_PROBE_MIN)
+            u->interval = TUNE_PROBE_MIN;
+        if (++u->since >= u->interval) {
+            u->since = 0;
+            u->phase = TUNE_PROBE;
+            u->n = 0;
+            return !tuner_best(u);
+        }
+        return tuner_best(u);
+    }
+}
+
+void mx_tuner_record(mx_tuner *u, int arm, double seconds)
+{
+    arm = arm ? 1 : 0;
+    const int n = u->n++;
+    switch (u->phase) {
+    case TUNE_EXPLORE0:
+    case TUNE_EXPLORE1:
+        if (n > 0)
+            u->first[n - 1] = seconds;
+        if (n == TUNE_FIRST) {
+            u->mean[u->phase] = median_first(u->first);
+            u->phase++;
+            u->n = 0;
+        }
+        return;
+    case TUNE_PROBE:
+        if (n == 0)
+            return;
+        {
+            /* the other arm's one recent timing replaces its average */
+            const int before = !arm;   /* the arm that was chosen */
+            u->mean[arm] = seconds;
+            if (tuner_best(u) == before)
+                u->interval = u->interval * 2 > TUNE_PROBE_MAX ? TUNE_PROBE_MAX : u->interval * 2;
+            else
+                u->interval = TUNE_PROBE_MIN;
+            u->phase = TUNE_STEADY;
+        }
+        return;
+    default: {
+        const double s = seconds < 2 * u->mean[arm] ? seconds : 2 * u->mean[arm];
+        u->mean[arm] += 0.25 * (s - u->mean[arm]);
+    }
+    }
 }

@@ -67,6 +67,30 @@ static inline long mx_team_next(mx_team *t)
 typedef void (*mx_pool_fn)(void *arg, int ith, int nth);
 void mx_pool_run(int nth, mx_pool_fn fn, void *arg);
 
+/* Choosing between the whole team and one thread by measurement.  A model
+ * so small that a token takes a fraction of a millisecond crosses dozens of
+ * barriers per token: alone on the machine two threads beat one, but when
+ * another process takes the second core's time slices every barrier waits
+ * for the preempted thread and one thread is several times faster.  No
+ * fixed rule is right for both states, so the caller times its calls on
+ * each arm and keeps the faster, timing the other one now and then
+ * (results do not depend on the team size: every output is computed by one
+ * thread in a fixed order).  Not thread-safe: one tuner per caller that
+ * serializes its calls. */
+typedef struct mx_tuner {
+    double mean[2];   /* a call's seconds, moving average: [0] the team, [1] one thread */
+    double first[6];  /* the first timings of the arm being explored */
+    int phase;        /* 0, 1: exploring that arm; 2: steady; 3: timing the other arm */
+    int n;            /* calls of the current phase */
+    int since;        /* calls since the other arm was last timed */
+    int interval;     /* calls between two timings of the other arm */
+} mx_tuner;
+
+/* The arm for the next call: 0 = the whole team, 1 = one thread. */
+int mx_tuner_pick(mx_tuner *u);
+/* The call on `arm` took `seconds`. */
+void mx_tuner_record(mx_tuner *u, int arm, double seconds);
+
 /* The spin budget in microseconds (MLXCEL_SPIN_US, read once); the setter
  * overrides it (us < 0: back to the environment's). */
 int mx_spin_us(void);
