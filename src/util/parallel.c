@@ -256,12 +256,12 @@ void mx_pool_run(int nth, mx_pool_fn fn, void *arg)
     pthread_mutex_unlock(&g_pool.lock);
 }
 
-/* Each arm runs TUNE_FIRST + 1 calls in a row, the first not counted,
- * and the first choice compares their medians.  In a row, not in turns:
+/* Each arm runs a few calls in a row, the first not counted, and the
+ * first choice compares their medians.  In a row, not in turns:
  * a core left idle for a call sleeps, and on a virtual machine waking it
  * can take a millisecond, which alternating arms would charge to every
  * call of the team.  For the same reason the arm not chosen is timed with
- * two calls in a row, the second counted, every `interval` calls, an
+ * two calls in a row, the faster counted, every `interval` calls, an
  * interval that doubles (64 up to 1024) while the choice stands and starts
  * over when it changes: a wrong arm costs at most two calls in 64, and a
  * change of the machine's state is followed within a few hundred calls.
@@ -270,22 +270,30 @@ void mx_pool_run(int nth, mx_pool_fn fn, void *arg)
  * hundred takes ten times the others: a page fault, a preemption), so one
  * slow call does not flip the choice while a lasting change shows within a
  * few calls. */
-enum { TUNE_FIRST = 6, TUNE_PROBE_MIN = 64, TUNE_PROBE_MAX = 1024 };
+/* timings counted at first: six of the team, whose barriers make it vary;
+ * three of one thread, which varies little (and is the slower arm on a
+ * quiet machine, where every call on it is a loss) */
+enum { TUNE_FIRST = 6, TUNE_FIRST_ONE = 3, TUNE_PROBE_MIN = 64, TUNE_PROBE_MAX = 1024 };
+/* calls of the team not counted at first: on a virtual machine the first
+ * calls after a core was idle can take several times longer, every barrier
+ * waiting for the host to wake the other virtual CPU, until the host's
+ * halt polling catches up (seen as 1.5 ms calls instead of 0.25 ms) */
+enum { TUNE_SKIP_TEAM = 4 };
 enum { TUNE_EXPLORE0, TUNE_EXPLORE1, TUNE_STEADY, TUNE_PROBE };
 
 static int tuner_best(const mx_tuner *u) { return u->mean[1] < u->mean[0]; }
 
-static double median_first(const double *v)
+static double median(const double *v, int n)
 {
     double a[TUNE_FIRST];
-    memcpy(a, v, sizeof a);
-    for (int i = 1; i < TUNE_FIRST; i++)
+    memcpy(a, v, sizeof a[0] * (size_t)n);
+    for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && a[j - 1] > a[j]; j--) {
             double t = a[j];
             a[j] = a[j - 1];
             a[j - 1] = t;
         }
-    return 0.5 * (a[TUNE_FIRST / 2 - 1] + a[TUNE_FIRST / 2]);
+    return n % 2 ? a[n / 2] : 0.5 * (a[n / 2 - 1] + a[n / 2]);
 }
 
 int mx_tuner_pick(mx_tuner *u)
@@ -316,22 +324,29 @@ void mx_tuner_record(mx_tuner *u, int arm, double seconds)
     const int n = u->n++;
     switch (u->phase) {
     case TUNE_EXPLORE0:
-    case TUNE_EXPLORE1:
-        if (n > 0)
-            u->first[n - 1] = seconds;
-        if (n == TUNE_FIRST) {
-            u->mean[u->phase] = median_first(u->first);
+    case TUNE_EXPLORE1: {
+        const int skip = u->phase == TUNE_EXPLORE0 ? TUNE_SKIP_TEAM : 1;
+        const int count = u->phase == TUNE_EXPLORE0 ? TUNE_FIRST : TUNE_FIRST_ONE;
+        if (n >= skip)
+            u->first[n - skip] = seconds;
+        if (n == skip + count - 1) {
+            u->mean[u->phase] = median(u->first, count);
             u->phase++;
             u->n = 0;
         }
         return;
+    }
     case TUNE_PROBE:
-        if (n == 0)
+        if (n == 0) {
+            u->first[0] = seconds;
             return;
+        }
         {
-            /* the other arm's one recent timing replaces its average */
+            /* the other arm's recent timings replace its average: the
+             * faster of the two, since the first may have paid for waking
+             * a core that the other arm left idle */
             const int before = !arm;   /* the arm that was chosen */
-            u->mean[arm] = seconds;
+            u->mean[arm] = seconds < u->first[0] ? seconds : u->first[0];
             if (tuner_best(u) == before)
                 u->interval = u->interval * 2 > TUNE_PROBE_MAX ? TUNE_PROBE_MAX : u->interval * 2;
             else
