@@ -12,28 +12,13 @@
  *
  * usage: dist_driver FIXTURES_DIR NAME... */
 #include "test.h"
+#include "fixture_cmp.h"
 
 #include <stdint.h>
 
 #include "dist/dist.h"
 #include "model/model.h"
 #include "moe/moe.h"
-
-static const mx_tensor *ref(const mx_st_set *r, const char *name)
-{
-    const mx_tensor *t = mx_st_find(r, name);
-    CHECKF(t != NULL, "reference tensor %s missing", name);
-    return t;
-}
-
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
 
 /* Whether a and b hold the same bits; names the first difference. */
 static int same(const float *a, const float *b, size_t n, const char *what, const char *name, int fused)

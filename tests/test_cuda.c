@@ -19,6 +19,7 @@
  *     1, 5 (the matvec path) and 600 tokens (tiles, several attention
  *     splits), then 16 greedy steps. */
 #include "test.h"
+#include "fixture_cmp.h"
 
 #include <stdint.h>
 
@@ -32,57 +33,6 @@ static const char *const supported[] = {
     "dots1_tiny", "phimoe_tiny", "qwen3_vl_moe_tiny", "minimax_tiny",
 };
 static const char *const refused[] = {"gemma4_tiny", "qwen3_next_tiny", "lfm2_moe_tiny"};
-
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d > m || d != d)
-            m = d != d ? INFINITY : d;
-    }
-    return m;
-}
-
-static double max_abs(const float *a, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(a[i]) > m)
-            m = fabs(a[i]);
-    return m;
-}
-
-static void topk(const float *x, int n, int k, int *out)
-{
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int i = 0; i < n; i++) {
-            int used = 0;
-            for (int q = 0; q < j; q++)
-                used |= out[q] == i;
-            if (!used && (best < 0 || x[i] > x[best]))
-                best = i;
-        }
-        out[j] = best;
-    }
-}
-
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
-static const mx_tensor *ref(const mx_st_set *r, const char *name)
-{
-    const mx_tensor *t = mx_st_find(r, name);
-    CHECKF(t != NULL, "reference tensor %s missing", name);
-    return t;
-}
 
 static int takes_fused(const mx_moe_block *b)
 {

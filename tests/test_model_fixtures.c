@@ -7,6 +7,7 @@
  * relative, the router's top-k equal, greedy ids equal under the margin
  * rule, and the dispatch counts proving which MoE path ran. */
 #include "test.h"
+#include "fixture_cmp.h"
 
 #include <stdint.h>
 
@@ -20,58 +21,6 @@ static const char *const fixtures[] = {
     "dots1_tiny", "phimoe_tiny", "qwen3_vl_moe_tiny", "minimax_tiny", "gemma4_tiny",
     "qwen3_next_tiny", "lfm2_moe_tiny",
 };
-
-static const mx_tensor *ref(const mx_st_set *r, const char *name)
-{
-    const mx_tensor *t = mx_st_find(r, name);
-    CHECKF(t != NULL, "reference tensor %s missing", name);
-    return t;
-}
-
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d > m || d != d)
-            m = d != d ? INFINITY : d;
-    }
-    return m;
-}
-
-static double max_abs(const float *a, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(a[i]) > m)
-            m = fabs(a[i]);
-    return m;
-}
-
-/* top-k ids of x[n] (descending, lower index on ties) */
-static void topk(const float *x, int n, int k, int *out)
-{
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int i = 0; i < n; i++) {
-            int used = 0;
-            for (int q = 0; q < j; q++)
-                used |= out[q] == i;
-            if (!used && (best < 0 || x[i] > x[best]))
-                best = i;
-        }
-        out[j] = best;
-    }
-}
-
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
 
 /* Whether the dispatch takes this block's one-token steps fused: every
  * expert quantized and within the width limit (the fixtures qualify). */
