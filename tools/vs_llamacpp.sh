@@ -6,13 +6,15 @@
 # (mlxcel / llama.cpp, mlxcel / ik_llama.cpp) with median, min and max:
 # speed claims are these ratios, never absolute numbers from elsewhere.
 #
-#   tools/vs_llamacpp.sh --llama PATH/llama-bench [--ik PATH/llama-bench]
+#   tools/vs_llamacpp.sh [--llama PATH/llama-bench] [--ik PATH/llama-bench]
 #       --gguf MODEL.gguf --model MLX_DIR [--rounds 3] [--threads 2]
 #       [--pp 128,512] [--tg 64] [--precision exact|fast] [--out FILE.jsonl]
 #
 # The GGUF and the MLX checkpoint must have the same shape (e.g. the
 # qwen1.5-moe-a2.7b synth preset and a Q4_0 GGUF of that shape written by
-# make_gguf.py; see docs/benchmarks.md).  llama.cpp and ik_llama.cpp are
+# make_gguf.py or tools/gguf_synth.py; see docs/benchmarks.md).  At least
+# one of --llama and --ik (a llama.cpp older than April 2025 cannot load
+# the qwen3moe shape: leave it out there).  llama.cpp and ik_llama.cpp are
 # built by the user from their own source trees (nothing of theirs is in
 # this repository).  ik_llama.cpp runs with -rtr 1 (run-time repacking, its
 # best CPU layout).  Needs jq.
@@ -20,7 +22,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 MLX=${MLXCEL_BIN:-$here/build/mlxcel}
 LLAMA= IK= GGUF= MODEL= ROUNDS=3 THREADS=2 PP=128,512 TG=64 PREC=exact OUT=
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --llama) LLAMA=$2; shift 2 ;;
@@ -37,8 +39,8 @@ while [ $# -gt 0 ]; do
     *) echo "vs_llamacpp: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-[ -n "$LLAMA" ] && [ -n "$GGUF" ] && [ -n "$MODEL" ] || { usage >&2; exit 2; }
-for f in "$LLAMA" ${IK:+"$IK"} "$MLX"; do [ -x "$f" ] || { echo "vs_llamacpp: $f is not executable" >&2; exit 2; }; done
+[ -n "$LLAMA$IK" ] && [ -n "$GGUF" ] && [ -n "$MODEL" ] || { usage >&2; exit 2; }
+for f in ${LLAMA:+"$LLAMA"} ${IK:+"$IK"} "$MLX"; do [ -x "$f" ] || { echo "vs_llamacpp: $f is not executable" >&2; exit 2; }; done
 [ -f "$GGUF" ] || { echo "vs_llamacpp: no GGUF at $GGUF" >&2; exit 2; }
 [ -f "$MODEL/config.json" ] || { echo "vs_llamacpp: no checkpoint at $MODEL" >&2; exit 2; }
 command -v jq > /dev/null || { echo "vs_llamacpp: jq is needed" >&2; exit 2; }
@@ -70,7 +72,7 @@ mx() {
 precache() { cat "$@" > /dev/null; }
 for ((i = 1; i <= ROUNDS; i++)); do
   precache "$GGUF"
-  a=$(lb "$LLAMA")
+  a=$( [ -n "$LLAMA" ] && lb "$LLAMA" || echo '{}')
   b=$( [ -n "$IK" ] && lb "$IK" -rtr 1 || echo '{}')
   precache "$MODEL"/*.safetensors
   c=$(mx)
@@ -89,7 +91,7 @@ jq -s -r --arg tg "tg$TG" --arg pp "$PP" '
     "| --- | --- | --- | --- | --- | --- |",
     ($keys[] as $k
      | [ .[] | .mlxcel[$k] ] as $m | [ .[] | .llama[$k] ] as $l | [ .[] | .ik[$k] ] as $q
-     | "| \($k) | \($m | stats | fmt) | \($l | stats | fmt) | \(if ($q | map(select(. != null)) | length) > 0 then ($q | stats | fmt) else "-" end) | \([ range(0; length) as $r | $m[$r] / $l[$r] ] | stats | fmt) | \(if ($q | map(select(. != null)) | length) > 0 then ([ range(0; length) as $r | $m[$r] / $q[$r] ] | stats | fmt) else "-" end) |"),
+     | "| \($k) | \($m | stats | fmt) | \(if ($l | map(select(. != null)) | length) > 0 then ($l | stats | fmt) else "-" end) | \(if ($q | map(select(. != null)) | length) > 0 then ($q | stats | fmt) else "-" end) | \(if ($l | map(select(. != null)) | length) > 0 then ([ range(0; length) as $r | $m[$r] / $l[$r] ] | stats | fmt) else "-" end) | \(if ($q | map(select(. != null)) | length) > 0 then ([ range(0; length) as $r | $m[$r] / $q[$r] ] | stats | fmt) else "-" end) |"),
     "",
     "decode roofline (mlxcel tg tok/s x weight bytes per token / probed read bandwidth): \([ .[] | .mlxcel[$tg] * .mlxcel.bytes_per_token / (.mlxcel.bw_gbs * 1e9) ] | stats | fmt)"
 ' "$OUT"
