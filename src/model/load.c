@@ -908,6 +908,11 @@ int mx_model_load_ex(const char *dir, const mx_model_load_opts *o, mx_model **ou
         else if ((rc = load_linear(m, nm->lm_head, m->vocab, m->d, &m->lm_head, e)))
             goto fail;
     }
+    /* MLXCEL_REPACK=mem: the kernels' repacked copy of the weights, made
+     * here (the hook an on-disk cache of that copy extends) */
+    const char *rp = getenv("MLXCEL_REPACK");
+    if (rp && !strcmp(rp, "mem") && (rc = mx_model_repack_mem(m, e)))
+        goto fail;
     if (!(m->gather = mx_moe_gather_state_new())) {
         rc = mx_fail(e, MX_ENOMEM, "out of memory");
         goto fail;

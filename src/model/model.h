@@ -219,6 +219,15 @@ typedef int (*mx_model_loader)(const char *dir, mx_model **out, mx_err *e);
 void mx_model_set_loader(mx_model_loader fn);
 void mx_model_free(mx_model *m);
 
+/* Calls fn on every quantized linear layer with weights bound (attention,
+ * mixers, MLPs, routers, shared and bound routed experts, lm_head; not the
+ * embedding, which is read a row at a time) (repack.c). */
+void mx_model_each_qlinear(mx_model *m, void (*fn)(mx_linear *l, void *ctx), void *ctx);
+/* Gives every matrix that has a repacked layout (quant.h) its copy in
+ * anonymous memory, owned by the model: what MLXCEL_REPACK=mem asks of the
+ * loader. */
+int mx_model_repack_mem(mx_model *m, mx_err *e);
+
 /* Bytes of weights one decoded token streams (attention, router, k experts,
  * shared expert, dense MLPs, lm_head, one embedding row). */
 uint64_t mx_model_active_bytes(const mx_model *m);

@@ -47,6 +47,9 @@ typedef struct mx_qmat {
     int64_t rows, cols;      /* out features, in features (unpacked) */
     int bits, group_size;
     mx_dtype sdtype;         /* dtype of scales and biases */
+    const uint8_t *rp;       /* the same matrix repacked (below), or NULL: an extra
+                                copy the VNNI kernels read instead of w/scales/biases,
+                                which stay valid for every other reader */
 } mx_qmat;
 
 static inline int64_t mx_qmat_row_bytes(const mx_qmat *m) { return m->cols * m->bits / 8; }
@@ -62,6 +65,39 @@ size_t mx_qmat_bytes(const mx_qmat *m);
 int mx_qmat_from_tensors(const mx_tensor *w, const mx_tensor *scales,
                          const mx_tensor *biases, int bits, int group_size,
                          int64_t index, const char *name, mx_qmat *out, mx_err *e);
+
+/* ---- the repacked layout ------------------------------------------------
+ *
+ * A copy of a 4-bit matrix laid out for the AVX-512 VNNI kernels, so that a
+ * kernel reads one sequential stream per 32 rows, with no unpacking or
+ * transposing at run time (the MLX layout needs both: its rows are bit
+ * streams, and scales and biases sit in two arrays of their own).
+ *   tiles of 32 rows (rows 32t .. 32t+31; the last tile's missing rows are
+ *   zero: q = 0, scale = 0, bias = 0), tile t at t * tile_bytes;
+ *   inside a tile, group g (columns [g*gs, (g+1)*gs)) at g * group_bytes:
+ *     gs/4 k-steps of 64 bytes; k-step s covers columns c = g*gs + 4s ..+3:
+ *       byte 4i+j (dword lane i < 16, byte j < 4) =
+ *           q[row i][c+j] | q[row 16+i][c+j] << 4
+ *       so `v & 15` holds rows 0-15 and `(v >> 4) & 15` rows 16-31, each
+ *       lane four consecutive columns of one row: vpdpbusd operands as is;
+ *     then the 32 rows' scales of group g, then their 32 biases, in the
+ *     checkpoint's dtype (f16, bf16, f32; copied bit for bit).
+ *   group_bytes = 16*gs + 64*sizeof(dtype) (a multiple of 64),
+ *   tile_bytes = groups * group_bytes.
+ * Only 4 bits has one (mx_qmat_repack_bytes is 0 for the other widths).
+ * Bump MX_REPACK_VERSION whenever this layout changes (caches store it). */
+#define MX_REPACK_VERSION 1
+#define MX_REPACK_ROWS 32
+
+/* Bytes of m's repacked form; 0 when its format has none (then every kernel
+ * reads the MLX layout). */
+size_t mx_qmat_repack_bytes(const mx_qmat *m);
+/* Writes m's repacked form (mx_qmat_repack_bytes(m) bytes, dst 64-byte
+ * aligned) from its MLX layout: deterministic, a pure function of the
+ * matrix, thread-safe for different dst. */
+void mx_qmat_repack(const mx_qmat *m, void *dst);
+/* Element (r, c) read back from m->rp (reference, slow; tests). */
+float mx_qmat_rp_get(const mx_qmat *m, int64_t r, int64_t c);
 
 /* Value of element (r, c) (reference, slow). */
 float mx_qmat_get(const mx_qmat *m, int64_t r, int64_t c);
