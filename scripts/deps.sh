@@ -2,7 +2,7 @@
 # Installs the Debian packages mlxcel builds against (only what is missing).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang libomp-14-dev libclang-rt-14-dev
-      libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libedit-dev curl jq tmux python3
+      libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libedit-dev libxxhash-dev curl jq tmux python3
       openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -13,6 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/common.h"
+#include "wcache/wcache.h"
 #include "cli/commands.h"
 #include "cuda/cuda.h"
 #include "dist/dist.h"
@@ -33,6 +34,7 @@ static void help(FILE *f)
                "  -r, --repeats N     repeats (default 3)\n"
                "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
            "      --precision P   exact (default) or fast (one int8 level of x per group)\n"
+           "      --repack MODE   off (default), auto, rebuild or mem: repacked weights (docs/cache.md)\n"
            "      --device NAME   cpu (default) or cuda: run the model on GPU 0 (MLXCEL_DEVICE);\n"
            "                      the bandwidth probe then measures the GPU's copy bandwidth\n"
                "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
@@ -216,6 +218,9 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--precision")) {
             if (!(s = arg_value(argc, argv, &i)) || cli_precision(a, s))
                 return 2;
+        } else if (!strcmp(a, "--repack")) {
+            if (!(s = arg_value(argc, argv, &i)) || cli_repack(a, s))
+                return 2;
         } else if (!strcmp(a, "--device")) {
             if (!(s = arg_value(argc, argv, &i)))
                 return 2;
@@ -351,6 +356,7 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "threads", mx_threads());
         cJSON_AddStringToObject(o, "kernel", mx_qkernels_active()->name);
         cJSON_AddStringToObject(o, "precision", mx_precision_name(mx_precision_get()));
+        cJSON_AddStringToObject(o, "repack", mx_repack_mode_name(mx_repack_mode_get()));
         cJSON_AddNumberToObject(o, "prompt_tokens", (double)np);
         cJSON_AddNumberToObject(o, "gen_tokens", (double)ng);
         cJSON_AddNumberToObject(o, "repeats", (double)reps);

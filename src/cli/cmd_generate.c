@@ -248,6 +248,7 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "mlxcel generate: %s\n", e.msg);
     if (!rc && o.stats) {
         print_stats(&st, o.gen.lookup);
+        cli_wcache_stats(g->model);
     } else if (!rc && mx_env_flag("MLXCEL_TRACE_MOE", 0)) {
         mx_moe_stats ms;
         mx_moe_stats_get(&ms);

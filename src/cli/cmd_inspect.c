@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "model/family.h"
 #include "model/model.h"
+#include "wcache/wcache.h"
 
 static void help(FILE *f)
 {
@@ -295,10 +296,16 @@ int cmd_inspect(int argc, char **argv)
     }
     mx_err e = {0};
     mx_model *m = NULL;
-    if (mx_model_load(dir, &m, &e)) {
+    /* inspect reports on the weight cache but never builds it */
+    const mx_repack_mode repack = mx_repack_mode_get();
+    mx_repack_mode_set("off");
+    mx_wcache_info wc;
+    if (mx_model_load(dir, &m, &e) || mx_model_wcache_probe(m, &wc, &e)) {
         fprintf(stderr, "mlxcel inspect: %s\n", e.msg);
+        mx_model_free(m);
         return 1;
     }
+    wc.mode = repack;
     /* --ranks N: the experts' split over N ranks (docs/distributed.md) */
     mx_dist_plan plan = {0};
     if (ranks && mx_dist_plan_make(m, (int)ranks, mx_dist_expert_map(), &plan, &e)) {
@@ -462,6 +469,13 @@ int cmd_inspect(int argc, char **argv)
                 cJSON_AddItemToArray(arr, x);
             }
         }
+        cJSON *wj = cJSON_AddObjectToObject(o, "weight_cache");
+        cJSON_AddStringToObject(wj, "mode", mx_repack_mode_name(wc.mode));
+        cJSON_AddStringToObject(wj, "path", wc.path);
+        cJSON_AddBoolToObject(wj, "valid", wc.state == MX_WCACHE_VALID);
+        cJSON_AddNumberToObject(wj, "bytes", (double)wc.file_bytes);
+        cJSON_AddNumberToObject(wj, "matrices", (double)wc.n_mats);
+        cJSON_AddStringToObject(wj, "reason", wc.state == MX_WCACHE_VALID ? "" : wc.reason);
         if (ranks) {
             cJSON *ep = cJSON_AddObjectToObject(o, "expert_parallelism");
             cJSON_AddNumberToObject(ep, "ranks", (double)ranks);
@@ -537,6 +551,13 @@ int cmd_inspect(int argc, char **argv)
         printf("per token:    %.1f MiB of weights read by one decode step\n", (double)active / 1048576.0);
         printf("KV cache:     %.1f MiB at %ld tokens (f32)\n", (double)kv / 1048576.0, ctx);
         printf("total memory: %.1f MiB (weights + KV cache)\n", (double)(wbytes + kv) / 1048576.0);
+        if (wc.state == MX_WCACHE_VALID)
+            printf("weight cache: %s (%.1f MiB, %zu repacked matrices; --repack %s: %s)\n", wc.path,
+                   (double)wc.file_bytes / 1048576.0, wc.n_mats, mx_repack_mode_name(wc.mode),
+                   wc.mode == MX_REPACK_AUTO ? "used" : wc.mode == MX_REPACK_REBUILD ? "rebuilt" : "not used");
+        else
+            printf("weight cache: %s%s%s (--repack %s)\n", wc.path[0] ? wc.path : "none",
+                   wc.reason[0] ? ": " : "", wc.reason, mx_repack_mode_name(wc.mode));
         if (ranks) {
             mx_dist_plan_print(&plan, stdout);
             printf("  rank 0 also holds the KV cache: %.1f MiB at %ld tokens\n", (double)kv / 1048576.0,

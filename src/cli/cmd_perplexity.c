@@ -36,6 +36,7 @@ static void help(FILE *f)
                "                              token through the single-token decode path (fused MoE kernel)\n"
                "  -t, --threads N             worker threads\n"
                "      --precision P           exact (default) or fast (docs/quality.md)\n"
+               "      --repack MODE           off (default), auto, rebuild or mem (docs/cache.md)\n"
                "      --device NAME           cpu (default) or cuda: run the model on GPU 0 (MLXCEL_DEVICE)\n"
                "      --json                  print the result as one JSON object on stdout\n"
                "      --kl-divergence-base F  without --kl-divergence: save this run's distributions to F\n"
@@ -83,6 +84,9 @@ static int parse(int argc, char **argv, ppl_args *a)
             a->batch = (int)n;
         } else if (!strcmp(o, "--precision")) {
             if (!(v = arg_value(argc, argv, &i)) || cli_precision(o, v))
+                return -1;
+        } else if (!strcmp(o, "--repack")) {
+            if (!(v = arg_value(argc, argv, &i)) || cli_repack(o, v))
                 return -1;
         } else if (!strcmp(o, "-t") || !strcmp(o, "--threads")) {
             if (!(v = arg_value(argc, argv, &i)) || arg_long(o, v, 1, 256, &n))

@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "quant/quant.h"
 #include "util/parallel.h"
+#include "wcache/wcache.h"
 
 void cli_opts_init(cli_opts *o, float default_temp)
 {
@@ -36,6 +37,8 @@ void cli_common_help(FILE *f)
                "  -t, --threads N         worker threads (default: MLXCEL_THREADS or all CPUs)\n"
                "      --precision P       exact (default) or fast: x as one int8 level per group in\n"
                "                          the integer kernels (MLXCEL_PRECISION; docs/quality.md)\n"
+               "      --repack MODE       repacked weights: off (default), auto (a cache file built once,\n"
+               "                          then mmap'ed), rebuild, mem (MLXCEL_REPACK; docs/cache.md)\n"
                "      --device NAME       cpu (default) or cuda: run the model on GPU 0 (MLXCEL_DEVICE)\n"
                "      --temp T            temperature (also --temperature); 0 = greedy\n"
                "      --top-k K           keep the K most likely tokens (0 = off, default 40)\n"
@@ -60,6 +63,39 @@ int cli_precision(const char *opt, const char *v)
         return 0;
     fprintf(stderr, "mlxcel: %s: '%s' is not a precision (exact, fast)\n", opt, v);
     return -1;
+}
+
+int cli_repack(const char *opt, const char *v)
+{
+    if (mx_repack_mode_set(v) == 0)
+        return 0;
+    fprintf(stderr, "mlxcel: %s: '%s' is not a repack mode (off, auto, rebuild, mem)\n", opt, v);
+    return -1;
+}
+
+void cli_wcache_stats(const mx_model *m)
+{
+    const mx_wcache_info *w = m->wcache ? mx_wcache_get_info(m->wcache) : NULL;
+    if (!w)
+        return;
+    const double mib = (double)w->file_bytes / 1048576.0;
+    switch (w->state) {
+    case MX_WCACHE_USED:
+    case MX_WCACHE_BUILT:
+        fprintf(stderr, "weight cache: %s %s (%.0f MiB, %zu matrices, %.3f s)\n",
+                w->state == MX_WCACHE_USED ? "used" : "built", w->path, mib, w->n_mats, w->seconds);
+        break;
+    case MX_WCACHE_MEM:
+        fprintf(stderr, "weight cache: repacked in memory (%.0f MiB, %zu matrices, %.3f s)\n", mib,
+                w->n_mats, w->seconds);
+        break;
+    case MX_WCACHE_FAILED:
+        fprintf(stderr, "weight cache: not used (%s)\n", w->reason);
+        break;
+    default:
+        fprintf(stderr, "weight cache: off%s%s\n", w->reason[0] ? ": " : " (--repack auto to use one)",
+                w->reason);
+    }
 }
 
 int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
@@ -89,6 +125,10 @@ int cli_common_option(int argc, char **argv, int *i, cli_opts *o)
     } else if (!strcmp(a, "--precision")) {
         VAL();
         if (cli_precision(a, v))
+            return -1;
+    } else if (!strcmp(a, "--repack")) {
+        VAL();
+        if (cli_repack(a, v))
             return -1;
     } else if (!strcmp(a, "--device")) {
         VAL();

@@ -25,6 +25,11 @@ int cli_common_option(int argc, char **argv, int *i, cli_opts *o);
 /* --precision exact|fast: sets the kernels' precision; 0, or -1 after
  * printing an error naming the option. */
 int cli_precision(const char *opt, const char *v);
+/* --repack off|auto|rebuild|mem: the weight cache's mode (src/wcache); 0,
+ * or -1 after printing an error naming the option. */
+int cli_repack(const char *opt, const char *v);
+/* One line on stderr: whether the weight cache was used, its path, size. */
+void cli_wcache_stats(const mx_model *m);
 /* Help text for the shared options. */
 void cli_common_help(FILE *f);
 /* Context size: the option (with a warning on stderr when it is above the

@@ -17,6 +17,7 @@
 
 #include "model/family.h"
 #include "model/model.h"
+#include "wcache/wcache.h"
 
 #define NAME_MAX_LEN 256
 
@@ -854,6 +855,75 @@ static int resolve_config(mx_model *m, mx_err *e)
     return MX_OK;
 }
 
+/* Appends l's matrix to the list (mx_model_each_qlinear's callback):
+ * every quantized matrix the forward pass reads whole, in an order fixed by
+ * the model's shape, which the weight cache's matrix table follows. */
+typedef struct qmat_list {
+    mx_qmat **q;   /* NULL: count only */
+    size_t n;
+} qmat_list;
+
+static void list_qmat(mx_linear *l, void *ctx)
+{
+    qmat_list *c = ctx;
+    if (c->q)
+        c->q[c->n] = &l->q;
+    c->n++;
+}
+
+/* The weight cache's view of m: its folder, weight files and matrices
+ * (src->mats malloc'ed: free it). */
+static int wcache_src(mx_model *m, mx_wcache_src *src, const char ***files, mx_err *e)
+{
+    qmat_list c = {0};
+    mx_model_each_qlinear(m, list_qmat, &c);
+    const size_t nf = mx_st_nfiles(m->st), nm = c.n;
+    mx_qmat **mats = malloc(sizeof *mats * (nm ? nm : 1));
+    *files = malloc(sizeof **files * (nf ? nf : 1));
+    if (!mats || !*files) {
+        free(mats);
+        free(*files);
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    }
+    c = (qmat_list){.q = mats};
+    mx_model_each_qlinear(m, list_qmat, &c);
+    for (size_t i = 0; i < nf; i++)
+        (*files)[i] = mx_st_file_path(m->st, i);
+    *src = (mx_wcache_src){.dir = m->dir, .files = *files, .n_files = nf, .mats = mats, .n_mats = nm};
+    return MX_OK;
+}
+
+/* Gives the model's matrices their repacked forms as MLXCEL_REPACK /
+ * --repack say (src/wcache).  A share of a model (expert parallelism, a
+ * lazy map) keeps the checkpoint's layout: its matrices are not the
+ * model's. */
+static int attach_wcache(mx_model *m, const mx_model_load_opts *o, mx_err *e)
+{
+    mx_repack_mode mode = mx_repack_mode_get();
+    if (o && (o->slice || o->experts_only || o->lazy))
+        mode = MX_REPACK_OFF;
+    const char **files = NULL;
+    mx_wcache_src src = {0};
+    int rc = mode == MX_REPACK_OFF ? MX_OK : wcache_src(m, &src, &files, e);
+    if (!rc)
+        rc = mx_wcache_attach(&src, mode, &m->wcache, e);
+    free((void *)src.mats);
+    free(files);
+    return rc;
+}
+
+int mx_model_wcache_probe(mx_model *m, mx_wcache_info *info, mx_err *e)
+{
+    const char **files = NULL;
+    mx_wcache_src src = {0};
+    int rc = wcache_src(m, &src, &files, e);
+    if (!rc)
+        rc = mx_wcache_probe(&src, info, e);
+    free((void *)src.mats);
+    free(files);
+    return rc;
+}
+
 static mx_model_loader g_loader;   /* set by mx_model_set_loader: the ranks' loader */
 
 void mx_model_set_loader(mx_model_loader fn) { g_loader = fn; }
@@ -908,10 +978,7 @@ int mx_model_load_ex(const char *dir, const mx_model_load_opts *o, mx_model **ou
         else if ((rc = load_linear(m, nm->lm_head, m->vocab, m->d, &m->lm_head, e)))
             goto fail;
     }
-    /* MLXCEL_REPACK=mem: the kernels' repacked copy of the weights, made
-     * here (the hook an on-disk cache of that copy extends) */
-    const char *rp = getenv("MLXCEL_REPACK");
-    if (rp && !strcmp(rp, "mem") && (rc = mx_model_repack_mem(m, e)))
+    if ((rc = attach_wcache(m, o, e)))
         goto fail;
     if (!(m->gather = mx_moe_gather_state_new())) {
         rc = mx_fail(e, MX_ENOMEM, "out of memory");
@@ -945,6 +1012,7 @@ void mx_model_free(mx_model *m)
     mx_arena_free(&m->arena);
     mx_arena_free(&m->moe_arena);
     mx_moe_gather_state_free(m->gather);
+    mx_wcache_free(m->wcache);
     mx_st_close(m->st);
     mx_config_free(&m->cfg);
     free(m->dir);

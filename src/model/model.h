@@ -121,6 +121,7 @@ typedef struct mx_layer {
 
 struct mx_seq;
 struct mx_forward_trace;
+struct mx_wcache;
 
 /* Another device that runs the forward pass of a model (src/cuda): when a
  * model has one, mx_forward / mx_forward_batch check their arguments and
@@ -184,6 +185,10 @@ typedef struct mx_model {
      * measurement (util/parallel.h); tune_on: 0 not decided yet, 1, -1 */
     mx_tuner tune;
     int tune_on;
+    /* the repacked forms of the quantized matrices (src/wcache: a cache
+     * file or memory, as MLXCEL_REPACK / --repack say); never NULL after a
+     * load, its info says what was used */
+    struct mx_wcache *wcache;
 } mx_model;
 
 /* Loads DIR (config.json, generation_config.json, safetensors), through
@@ -227,6 +232,10 @@ void mx_model_each_qlinear(mx_model *m, void (*fn)(mx_linear *l, void *ctx), voi
  * anonymous memory, owned by the model: what MLXCEL_REPACK=mem asks of the
  * loader. */
 int mx_model_repack_mem(mx_model *m, mx_err *e);
+/* The weight cache of a loaded model: whether a valid cache file exists
+ * for it, without building one (mlxcel inspect).  MX_OK or MX_ENOMEM. */
+struct mx_wcache_info;
+int mx_model_wcache_probe(mx_model *m, struct mx_wcache_info *info, mx_err *e);
 
 /* Bytes of weights one decoded token streams (attention, router, k experts,
  * shared expert, dense MLPs, lm_head, one embedding row). */
