@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The weight cache (src/wcache, docs/cache.md) on copies of the demo model
 # models/kjv-moe (stacked experts) and of a synth checkpoint (per-expert
-# layout, 3-bit): greedy ids with the cache (built, then reused, and the
+# layout): greedy ids with the cache (built, then reused, and the
 # mem mode) equal the ids without it; a checkpoint file touched, a cache
 # file truncated or damaged (header or data) is rebuilt with a warning; a
 # folder that cannot be written gives a warning and the right output;
@@ -27,7 +27,8 @@ if [ ! -f "$SRC/models/kjv-moe/model.safetensors" ]; then
   exit 77
 fi
 cp -r "$SRC/models/kjv-moe" "$T/kjv"
-"$BIN" synth --preset tiny --out "$T/syn" --bits 3 --layout per-expert --seed 5 --quiet ||
+"$BIN" synth --preset tiny --out "$T/syn" --layout per-expert --seed 5 --quiet &&
+  "$BIN" synth --preset tiny --out "$T/syn3" --bits 3 --seed 5 --quiet ||
   { echo "FAIL: synth" >&2; exit 1; }
 sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
 sums "$T/kjv" > "$T/kjv.sum"
@@ -97,6 +98,12 @@ for M in kjv syn; do
   gen "$T/$M" "$T/$M.rb" --repack rebuild || bad "$M: rebuild run"
   check "$M: --repack rebuild builds a valid cache again" 'grep -q "weight cache: built" "$T/$M.rb.err" && ! grep -q warning "$T/$M.rb.err" && cmp -s "$T/$M.ref" "$T/$M.rb"'
 done
+
+# a model with no matrix in a repacked format (3-bit): no file, and --stats says why
+gen "$T/syn3" "$T/s3.ref" --repack off
+gen "$T/syn3" "$T/s3" --repack auto
+check "3-bit: no cache file, the reason in --stats, the same ids" \
+  '[ -z "$(cfile syn3)" ] && grep -q "^weight cache: off: no matrix of this model has a repacked form" "$T/s3.err" && cmp -s "$T/s3.ref" "$T/s3"'
 
 # a stale temporary file of a build that died is removed by the next build
 f=$(cfile kjv)
