@@ -386,10 +386,24 @@ static uint64_t spot_hash(const unsigned char *d, uint64_t n, uint32_t index)
     return XXH3_64bits_withSeed(d + n - k, k, XXH3_64bits_withSeed(d, k, index));
 }
 
+/* The same hash of a payload in file fd, read with pread: touching it
+ * through the mapping would map the pages around each end into the process
+ * (fault-around), 1.7 GB of RSS for a 7.5 GB cache of 4500 matrices. */
+static int spot_hash_fd(int fd, uint64_t off, uint64_t n, uint32_t index, uint64_t *out)
+{
+    unsigned char head[WC_SPOT], tail[WC_SPOT];
+    const uint64_t k = n < WC_SPOT ? n : WC_SPOT;
+    if (pread(fd, head, k, (off_t)off) != (ssize_t)k ||
+        pread(fd, tail, k, (off_t)(off + n - k)) != (ssize_t)k)
+        return -1;
+    *out = XXH3_64bits_withSeed(tail, k, XXH3_64bits_withSeed(head, k, index));
+    return 0;
+}
+
 /* Checks a mapped file of `len` bytes against plan p: 0 when it matches,
  * else 1 with the reason in info. */
 static int header_check(const mx_wcache_src *src, const wc_plan *p, const unsigned char *base,
-                        uint64_t len, mx_wcache_info *info)
+                        uint64_t len, int fd, mx_wcache_info *info)
 {
 #define STALE(...) return set_reason(info, MX_WCACHE_ABSENT, __VA_ARGS__), 1
     if (len < WC_FIXED || memcmp(base, WC_MAGIC, 8))
@@ -447,7 +461,8 @@ static int header_check(const mx_wcache_src *src, const wc_plan *p, const unsign
             STALE("matrix %zu is [%llu, %llu] %u-bit g%u in the cache, [%lld, %lld] %d-bit g%d in "
                   "the model", i, (unsigned long long)rows, (unsigned long long)cols, bits,
                   gs, (long long)m->rows, (long long)m->cols, m->bits, m->group_size);
-        if (spot_hash(base + off, bytes, (uint32_t)i) != spot)
+        uint64_t h;
+        if (spot_hash_fd(fd, off, bytes, (uint32_t)i, &h) != 0 || h != spot)
             STALE("the data of matrix %zu is damaged", i);
     }
     return 0;
@@ -696,10 +711,13 @@ static int open_valid(const mx_wcache_src *src, const wc_plan *p, mx_wcache_info
         return set_reason(info, MX_WCACHE_ABSENT, "%lld bytes: truncated", (long long)st.st_size), 2;
     }
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
+    if (m == MAP_FAILED) {
+        close(fd);
         return set_reason(info, MX_WCACHE_ABSENT, "mmap failed: %s", strerror(errno)), 2;
-    if (header_check(src, p, m, (uint64_t)st.st_size, info)) {
+    }
+    const int stale = header_check(src, p, m, (uint64_t)st.st_size, fd, info);
+    close(fd);
+    if (stale) {
         munmap(m, (size_t)st.st_size);
         return 2;
     }
