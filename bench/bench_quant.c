@@ -6,6 +6,8 @@
  *             but scalar)
  *   parts     any of "mv" (matvec), "mm" (matmul), "probe" (memory read
  *             probes), "streams" (reads of 1, 2 and 4 streams per thread),
+ *             "rp" (the repacked layout against the MLX layout, T = 1, 4,
+ *             8, 16, 128, the avx512vnni variants),
  *             comma-separated (default: all)
  *
  * matvec: a set of `experts` pairs of 4-bit, group-64, f16-scale matrices
@@ -265,6 +267,57 @@ int main(int argc, char **argv)
             printf("  %-10s threads=%d  best %6.3f ms/pair  median %6.3f ms/pair  (%.1f GFLOP/s)\n",
                    *nm, nth, mn / nexp * 1e3, med / nexp * 1e3, flops / mn / 1e9);
         }
+    }
+    /* the repacked layout (quant.h) against the MLX layout: T tokens through
+     * every expert pair of the set (from DRAM; 16 pairs for T = 128), the
+     * two layouts alternating within each repeat */
+    if (listed(g_parts, "rp")) {
+        mat *rup = calloc((size_t)nexp, sizeof *rup), *rdown = calloc((size_t)nexp, sizeof *rdown);
+        for (int e = 0; e < nexp; e++) {
+            rup[e] = up[e];
+            rdown[e] = down[e];
+            uint8_t *a = aligned_alloc(64, mx_qmat_repack_bytes(&up[e].m));
+            uint8_t *b = aligned_alloc(64, mx_qmat_repack_bytes(&down[e].m));
+            mx_qmat_repack(&up[e].m, a);
+            mx_qmat_repack(&down[e].m, b);
+            rup[e].m.rp = a;
+            rdown[e].m.rp = b;
+        }
+        static const int Ts[] = {1, 4, 8, 16, 128};
+        double *tr = malloc(2 * (size_t)reps * sizeof *tr);
+        float *yy = malloc(2048 * 128 * sizeof *yy);
+        printf("repacked vs MLX layout: T tokens x expert pairs, threads=%d\n", ncpu);
+        mx_set_threads(ncpu);
+        for (const char *const *nm = mx_qkernels_names(); *nm; nm++) {
+            if (strncmp(*nm, "avx512vnni", 10) || !run_variant(*nm))
+                continue;
+            for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                const int T = Ts[ti], np = T >= 64 && nexp > 16 ? 16 : nexp;
+                for (int r = -1; r < reps; r++)
+                    for (int v = 0; v < 2; v++) {
+                        const mat *U = v ? rup : up, *D = v ? rdown : down;
+                        double t0 = mx_now();
+                        for (int e = 0; e < np; e++) {
+                            mx_qmatmul(&U[e].m, x, T, yy);
+                            mx_qmatmul(&D[e].m, yy, T, y);
+                        }
+                        if (r >= 0)
+                            tr[v * reps + r] = mx_now() - t0;
+                    }
+                double mn2, med2;
+                stats(tr, reps, &mn, &med);
+                stats(tr + reps, reps, &mn2, &med2);
+                printf("  %-16s T=%-3d  MLX best %7.3f median %7.3f ms/pair   repacked best %7.3f "
+                       "median %7.3f ms/pair   MLX/repacked %.2f (medians)\n",
+                       *nm, T, mn / np * 1e3, med / np * 1e3, mn2 / np * 1e3, med2 / np * 1e3,
+                       med / med2);
+            }
+        }
+        for (int e = 0; e < nexp; e++) {
+            free((void *)rup[e].m.rp);
+            free((void *)rdown[e].m.rp);
+        }
+        free(rup), free(rdown), free(tr), free(yy);
     }
     mx_qkernels_force(NULL);
     mx_set_threads(0);

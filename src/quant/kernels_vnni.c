@@ -966,6 +966,273 @@ matmul_rows_prepped_lv(const mx_qmat *m, const void *xp, int64_t T, float *Y, in
     }
 }
 
+
+/* ---- the repacked layout (quant.h): 32-row tiles read as they are ------- *
+ *
+ * The same arithmetic as tile_tokens (x quantized the same way, the same
+ * integer group sums, the same float epilogue per group), but the weights
+ * come from mx_qmat.rp: a k-step is one 64-byte load, `v & 15` and
+ * `(v >> 4) & 15` are the two 16-row vpdpbusd operands, and the group's
+ * scales and biases follow its k-steps in the same stream.  Nothing is
+ * unpacked into a tile first, so the kernel also serves the few-token and
+ * one-token calls: every entry point takes it when rp is set.  x comes
+ * either from the prefill's block (token-interleaved, [cols/4][T][4]) or
+ * from the matvec's prepared vectors (vlayout x8: natural order, 64 values
+ * per level per block); the bytes and steps are the same (quant_levels),
+ * so one token's result does not depend on the path or the token count. */
+
+enum { XS_BLOCK, XS_VECS };
+
+typedef struct rpsrc {
+    const xquant *xq;    /* XS_BLOCK: the prepared block of T tokens */
+    int64_t T;
+    const vlayout *L;    /* XS_VECS: one prepared vector per token */
+} rpsrc;
+
+/* One token's group result into its 32 local outputs yl: part 0 is
+ * 256*sum q*xh + sum q*xm (scale 256*s*dx), part 1 sum q*xl or the one
+ * level (scale s*dx) plus the bias term b * sum(x). */
+static inline __attribute__((always_inline)) void
+rp_epilogue(__m512i a0, __m512i a1, __m512 s0, __m512 s1, __m512 b0, __m512 b1, float dxj,
+            float xsj, float *yl, int part)
+{
+    __m512 d = _mm512_set1_ps(part ? dxj : 256.0f * dxj);
+    __m512 y0 = _mm512_load_ps(yl), y1 = _mm512_load_ps(yl + 16);
+    y0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_mul_ps(s0, d), y0);
+    y1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_mul_ps(s1, d), y1);
+    if (part) {
+        __m512 xs = _mm512_set1_ps(xsj);
+        y0 = _mm512_fmadd_ps(b0, xs, y0);
+        y1 = _mm512_fmadd_ps(b1, xs, y1);
+    }
+    _mm512_store_ps(yl, y0);
+    _mm512_store_ps(yl + 16, y1);
+}
+
+#define RP_STEP(j)                                                                \
+    if (j < nt) {                                                                 \
+        __m512i xv = _mm512_set1_epi32(XS == XS_BLOCK ? xl[kx + j] : xt[j][kx]);  \
+        DPBUSD(a0_##j, w0, xv);                                                   \
+        DPBUSD(a1_##j, w1, xv);                                                   \
+    }
+#define RP_STORE(j)                                                               \
+    if (j < nt) {                                                                 \
+        const int64_t t = t0 + j;                                                 \
+        rp_epilogue(a0_##j, a1_##j, s0, s1, b0, b1,                               \
+                    XS == XS_BLOCK ? X->xq->dx[t * ng + g] : X->L[t].dx[g],       \
+                    XS == XS_BLOCK ? X->xq->xs[t * ng + g] : X->L[t].xsum[g],     \
+                    yl + j * 32, part);                                           \
+    }
+
+/* Sum over group g's k-steps of one x level LVL for the nt tokens.  A
+ * 64-column block of x is one run of 16 dwords in either source. */
+#define RP_DOT(LVL)                                                                        \
+    do {                                                                                   \
+        const int32_t *xl = NULL, *xt[12];                                                 \
+        if (XS == XS_BLOCK) {                                                              \
+            const int8_t *lvp = (LVL) == 0 ? X->xq->h : (LVL) == 1 ? X->xq->m : X->xq->l;  \
+            xl = (const int32_t *)(const void *)lvp;                                       \
+        } else {                                                                           \
+            for (int j = 0; j < nt; j++)                                                   \
+                xt[j] = (const int32_t *)(const void *)(X->L[t0 + j].x8 + 64 * (LVL));     \
+        }                                                                                  \
+        for (int sb = 0; sb < gs; sb += 64) {                                              \
+            const int64_t cb = g * gs + sb;                                                \
+            const int64_t kb = XS == XS_BLOCK ? (cb / 4) * X->T + t0                       \
+                                              : (cb / 64) * 16 * LV + (cb % 64) / 4;       \
+            for (int k = 0; k < (gs < 64 ? gs / 4 : 16); k++) {                            \
+                __m512i v = _mm512_load_si512(grp + (sb / 4 + k) * 64);                    \
+                __m512i w0 = _mm512_and_si512(v, nib);                                     \
+                __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);               \
+                const int64_t kx = XS == XS_BLOCK ? kb + k * X->T : kb + k;                \
+                REP12(RP_STEP)                                                             \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
+
+/* Groups [g0, g1) of one tile for tokens t0 .. t0+nt-1, added to the local
+ * outputs yl[nt][32]. */
+static inline __attribute__((always_inline)) void
+rp_groups(const uint8_t *tile, mx_dtype sdt, int64_t g0, int64_t g1, int64_t ng, const rpsrc *X,
+          int64_t t0, float *yl, const int nt, const int gs, const int LV, const int XS)
+{
+    const size_t ss = mx_dtype_size(sdt), gb = 16 * (size_t)gs + 64 * ss;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *grp = tile + (size_t)g * gb;
+        const uint8_t *sp = grp + 16 * (size_t)gs, *bp = sp + 32 * ss;
+        const __m512 s0 = load16_s(sp, sdt, 0, 0xffff), s1 = load16_s(sp, sdt, 16, 0xffff);
+        const __m512 b0 = load16_s(bp, sdt, 0, 0xffff), b1 = load16_s(bp, sdt, 16, 0xffff);
+        if (LV == 3) {
+            const int part = 0;
+            REP12(ACC_ZERO)
+            RP_DOT(0);
+            REP12(ACC_SHIFT)
+            RP_DOT(1);
+            REP12(RP_STORE)
+        }
+        {
+            const int part = 1;
+            REP12(ACC_ZERO)
+            RP_DOT(LV == 3 ? 2 : 0);
+            REP12(RP_STORE)
+        }
+    }
+}
+
+/* Tokens t0 .. t0+nt-1 of one tile, groups [g0, g1): the tile's rows
+ * rt+lo .. rt+hi-1 go to Y[t*ldy + r - ybase], set when `first`, else
+ * added to. */
+static inline __attribute__((always_inline)) void
+rp_block(const mx_qmat *m, const uint8_t *tile, int64_t g0, int64_t g1, const rpsrc *X, int64_t t0,
+         float *Y, int64_t ldy, int64_t ybase, int64_t rt, int lo, int hi, int first, const int nt,
+         const int gs, const int LV, const int XS)
+{
+    _Alignas(64) float yl[12 * 32];
+    for (int j = 0; j < nt * 32; j += 16)
+        _mm512_store_ps(yl + j, _mm512_setzero_ps());
+    rp_groups(tile, m->sdtype, g0, g1, mx_qmat_groups(m), X, t0, yl, nt, gs, LV, XS);
+    for (int j = 0; j < nt; j++) {
+        float *yj = Y + (t0 + j) * ldy + (rt - ybase);
+        if (lo == 0) {   /* the usual case: a whole tile, or its first rows */
+            const __mmask16 m0 = mask16(hi), m1 = mask16(hi > 16 ? hi - 16 : 0);
+            __m512 y0 = _mm512_load_ps(yl + j * 32), y1 = _mm512_load_ps(yl + j * 32 + 16);
+            if (!first) {
+                y0 = _mm512_add_ps(y0, _mm512_maskz_loadu_ps(m0, yj));
+                y1 = _mm512_add_ps(y1, _mm512_maskz_loadu_ps(m1, yj + 16));
+            }
+            _mm512_mask_storeu_ps(yj, m0, y0);
+            _mm512_mask_storeu_ps(yj + 16, m1, y1);
+        } else {         /* a range that starts inside the tile */
+            for (int i = lo; i < hi; i++)
+                yj[i] = (first ? 0.0f : yj[i]) + yl[j * 32 + i];
+        }
+    }
+}
+
+/* Rows [r0, r1) times T tokens from the repacked layout: Y[t*ldy + r - ybase].
+ * KC columns at a time (for the prefill block, TPASS tokens at a time, as
+ * matmul_rows_prepped: that chunk of x stays in L2 while every tile of the
+ * range runs over it), added to Y per chunk whatever the source, so that
+ * one token's result is the same bits on every path. */
+static inline __attribute__((always_inline)) void
+rp_rows_gs(const mx_qmat *m, const rpsrc *X, int64_t T, float *Y, int64_t ldy, int64_t ybase,
+           int64_t r0, int64_t r1, const int gs, const int LV, const int XS)
+{
+    const int64_t ng = mx_qmat_groups(m);
+    const size_t tbytes = (size_t)ng * (16 * (size_t)gs + 64 * mx_dtype_size(m->sdtype));
+    const int64_t kg = KC / gs;   /* the same chunks for both sources: the same sums */
+    const int64_t tpass = XS == XS_BLOCK ? TPASS : T;
+    for (int64_t tp = 0; tp < T; tp += tpass) {
+        const int64_t te = tp + tpass < T ? tp + tpass : T;
+        for (int64_t rt = r0 - r0 % 32; rt < r1; rt += 32) {
+            const int lo = (int)(r0 > rt ? r0 - rt : 0);
+            const int hi = (int)(r1 - rt < 32 ? r1 - rt : 32);
+            const uint8_t *tile = m->rp + (size_t)(rt / 32) * tbytes;
+            for (int64_t g0 = 0; g0 < ng; g0 += kg) {
+                const int64_t g1 = g0 + kg < ng ? g0 + kg : ng;
+                const int first = g0 == 0;
+                int64_t t = tp;
+                for (; t + TB <= te; t += TB)
+                    rp_block(m, tile, g0, g1, X, t, Y, ldy, ybase, rt, lo, hi, first, TB, gs, LV, XS);
+                for (; t + 8 <= te; t += 8)
+                    rp_block(m, tile, g0, g1, X, t, Y, ldy, ybase, rt, lo, hi, first, 8, gs, LV, XS);
+                for (; t + 4 <= te; t += 4)
+                    rp_block(m, tile, g0, g1, X, t, Y, ldy, ybase, rt, lo, hi, first, 4, gs, LV, XS);
+                for (; t + 2 <= te; t += 2)
+                    rp_block(m, tile, g0, g1, X, t, Y, ldy, ybase, rt, lo, hi, first, 2, gs, LV, XS);
+                for (; t < te; t++)
+                    rp_block(m, tile, g0, g1, X, t, Y, ldy, ybase, rt, lo, hi, first, 1, gs, LV, XS);
+            }
+        }
+    }
+}
+
+/* One function per group size, level count and x source (inlined into one
+ * body, GCC ran short of registers in the block loops: see mv1). */
+#define RP_FN(GS, LV, XS)                                                                    \
+    static __attribute__((noinline)) void rp_rows_g##GS##_l##LV##_##XS(                      \
+        const mx_qmat *m, const rpsrc *X, int64_t T, float *Y, int64_t ldy, int64_t ybase,    \
+        int64_t r0, int64_t r1)                                                               \
+    {                                                                                        \
+        rp_rows_gs(m, X, T, Y, ldy, ybase, r0, r1, GS, LV, XS);                              \
+    }
+#define RP_FNS(LV, XS) RP_FN(32, LV, XS) RP_FN(64, LV, XS) RP_FN(128, LV, XS)
+RP_FNS(3, XS_BLOCK) RP_FNS(1, XS_BLOCK) RP_FNS(3, XS_VECS) RP_FNS(1, XS_VECS)
+#undef RP_FNS
+#undef RP_FN
+
+static inline __attribute__((always_inline)) void
+rp_rows(const mx_qmat *m, const rpsrc *X, int64_t T, float *Y, int64_t ldy, int64_t ybase,
+        int64_t r0, int64_t r1, const int LV, const int XS)
+{
+#define RP_PICK(LVN, XSN)                                                                      \
+    (m->group_size == 64 ? rp_rows_g64_l##LVN##_##XSN                                          \
+     : m->group_size == 32 ? rp_rows_g32_l##LVN##_##XSN : rp_rows_g128_l##LVN##_##XSN)(       \
+        m, X, T, Y, ldy, ybase, r0, r1)
+    if (LV == 3 && XS == XS_BLOCK)
+        RP_PICK(3, XS_BLOCK);
+    else if (LV == 3)
+        RP_PICK(3, XS_VECS);
+    else if (XS == XS_BLOCK)
+        RP_PICK(1, XS_BLOCK);
+    else
+        RP_PICK(1, XS_VECS);
+#undef RP_PICK
+}
+
+/* Whether the kernels read m's repacked layout. */
+static inline int rp_on(const mx_qmat *m) { return m->rp != NULL && m->bits == 4; }
+
+/* The entry points: the repacked layout when the matrix has one, else the
+ * MLX layout's kernels above. */
+static inline __attribute__((always_inline)) void
+matvec_rows_any_lv(const mx_qmat *m, const float *x, const void *xp, float *y, int64_t r0,
+                   int64_t r1, const int LV)
+{
+    if (rp_on(m)) {
+        vlayout L;
+        layout(xp, m->cols, m->group_size, &L, LV);
+        const rpsrc X = {.L = &L, .T = 1};
+        rp_rows(m, &X, 1, y, 0, r0, r0, r1, LV, XS_VECS);
+        return;
+    }
+    matvec_rows_lv(m, x, xp, y, r0, r1, LV);
+}
+
+static inline __attribute__((always_inline)) void
+matvec_rows_multi_any_lv(const mx_qmat *m, const float *X, int64_t ldx, const void *xp,
+                         size_t xstride, int64_t T, float *Y, int64_t ldy, int64_t r0, int64_t r1,
+                         const int LV)
+{
+    if (rp_on(m)) {
+        enum { CH = 16 };
+        vlayout L[CH];
+        for (int64_t t0 = 0; t0 < T; t0 += CH) {
+            const int64_t n = T - t0 < CH ? T - t0 : CH;
+            for (int64_t t = 0; t < n; t++)
+                layout((const uint8_t *)xp + (t0 + t) * xstride, m->cols, m->group_size, &L[t], LV);
+            const rpsrc S = {.L = L, .T = n};
+            rp_rows(m, &S, n, Y + t0 * ldy, ldy, r0, r0, r1, LV, XS_VECS);
+        }
+        return;
+    }
+    matvec_rows_multi_lv(m, X, ldx, xp, xstride, T, Y, ldy, r0, r1, LV);
+}
+
+static inline __attribute__((always_inline)) void
+matmul_rows_prepped_any_lv(const mx_qmat *m, const void *xp, int64_t T, float *Y, int64_t ldy,
+                           int64_t r0, int64_t r1, const int LV)
+{
+    if (rp_on(m)) {
+        const xquant xq = mm_layout((void *)xp, T, m->cols, m->group_size, LV);
+        const rpsrc X = {.xq = &xq, .T = T};
+        rp_rows(m, &X, T, Y, ldy, 0, r0, r1, LV, XS_BLOCK);
+        return;
+    }
+    matmul_rows_prepped_lv(m, xp, T, Y, ldy, r0, r1, LV);
+}
+
 static inline __attribute__((always_inline)) void
 matmul_rows_lv(const mx_qmat *m, const float *X, int64_t ldx, int64_t T, float *Y, int64_t ldy,
                int64_t r0, int64_t r1, const int LV)
@@ -977,7 +1244,7 @@ matmul_rows_lv(const mx_qmat *m, const float *X, int64_t ldx, int64_t T, float *
         return;
     }
     mm_prep_lv(X, ldx, T, 0, T, m->cols, m->group_size, mem, LV);
-    matmul_rows_prepped_lv(m, mem, T, Y, ldy, r0, r1, LV);
+    matmul_rows_prepped_any_lv(m, mem, T, Y, ldy, r0, r1, LV);
     free(mem);
 }
 
@@ -991,13 +1258,13 @@ matmul_rows_lv(const mx_qmat *m, const float *X, int64_t ldx, int64_t T, float *
     static void matvec_rows##SUF(const mx_qmat *m, const float *x, const void *xp, float *y,    \
                                  int64_t r0, int64_t r1)                                        \
     {                                                                                           \
-        matvec_rows_lv(m, x, xp, y, r0, r1, LVN);                                               \
+        matvec_rows_any_lv(m, x, xp, y, r0, r1, LVN);                                               \
     }                                                                                           \
     static void matvec_rows_multi##SUF(const mx_qmat *m, const float *X, int64_t ldx,           \
                                        const void *xp, size_t xstride, int64_t T, float *Y,     \
                                        int64_t ldy, int64_t r0, int64_t r1)                     \
     {                                                                                           \
-        matvec_rows_multi_lv(m, X, ldx, xp, xstride, T, Y, ldy, r0, r1, LVN);                   \
+        matvec_rows_multi_any_lv(m, X, ldx, xp, xstride, T, Y, ldy, r0, r1, LVN);                   \
     }                                                                                           \
     static void matmul_rows##SUF(const mx_qmat *m, const float *X, int64_t ldx, int64_t T,      \
                                  float *Y, int64_t ldy, int64_t r0, int64_t r1)                 \
@@ -1016,7 +1283,7 @@ matmul_rows_lv(const mx_qmat *m, const float *X, int64_t ldx, int64_t T, float *
     static void matmul_rows_prepped##SUF(const mx_qmat *m, const void *xp, int64_t T, float *Y, \
                                          int64_t ldy, int64_t r0, int64_t r1)                   \
     {                                                                                           \
-        matmul_rows_prepped_lv(m, xp, T, Y, ldy, r0, r1, LVN);                                  \
+        matmul_rows_prepped_any_lv(m, xp, T, Y, ldy, r0, r1, LVN);                                  \
     }
 VNNI_VARIANT(_vnni, 3)
 VNNI_VARIANT(_vnni_fast, 1)
