@@ -1050,6 +1050,67 @@ rp_epilogue(__m512i a0, __m512i a1, __m512 s0, __m512 s1, __m512 b0, __m512 b1, 
         }                                                                                  \
     } while (0)
 
+/* The three levels in one pass over a group's k-steps, for up to 4 tokens
+ * (6 accumulators each): a few tokens (decode) then unpack each k-step
+ * once instead of once per level.  The integer sums are those of the
+ * three passes ((h << 8) + m is exact), so the results are the same bits. */
+#define REP4(M) M(0) M(1) M(2) M(3)
+#define RP3_ZERO(j)                                                                        \
+    __m512i h0_##j = _mm512_setzero_si512(), h1_##j = h0_##j, m0_##j = h0_##j,             \
+            m1_##j = h0_##j, l0_##j = h0_##j, l1_##j = h0_##j;
+#define RP3_STEP(j)                                                                        \
+    if (j < nt) {                                                                          \
+        __m512i xv = _mm512_set1_epi32(XS == XS_BLOCK ? xh[kx + j] : xt[j][kx]);           \
+        DPBUSD(h0_##j, w0, xv);                                                            \
+        DPBUSD(h1_##j, w1, xv);                                                            \
+        xv = _mm512_set1_epi32(XS == XS_BLOCK ? xm[kx + j] : xt[j][kx + 16]);              \
+        DPBUSD(m0_##j, w0, xv);                                                            \
+        DPBUSD(m1_##j, w1, xv);                                                            \
+        xv = _mm512_set1_epi32(XS == XS_BLOCK ? xo[kx + j] : xt[j][kx + 32]);              \
+        DPBUSD(l0_##j, w0, xv);                                                            \
+        DPBUSD(l1_##j, w1, xv);                                                            \
+    }
+#define RP3_STORE(j)                                                                       \
+    if (j < nt) {                                                                          \
+        const int64_t t = t0 + j;                                                          \
+        const float dxj = XS == XS_BLOCK ? X->xq->dx[t * ng + g] : X->L[t].dx[g];          \
+        const float xsj = XS == XS_BLOCK ? X->xq->xs[t * ng + g] : X->L[t].xsum[g];        \
+        rp_epilogue(_mm512_add_epi32(_mm512_slli_epi32(h0_##j, 8), m0_##j),                \
+                    _mm512_add_epi32(_mm512_slli_epi32(h1_##j, 8), m1_##j), s0, s1, b0, b1, \
+                    dxj, xsj, yl + j * 32, 0);                                             \
+        rp_epilogue(l0_##j, l1_##j, s0, s1, b0, b1, dxj, xsj, yl + j * 32, 1);             \
+    }
+
+static inline __attribute__((always_inline)) void
+rp_group3(const uint8_t *grp, int64_t g, int64_t ng, const rpsrc *X, int64_t t0, float *yl,
+          __m512 s0, __m512 s1, __m512 b0, __m512 b1, const int nt, const int gs, const int XS)
+{
+    const int LV = 3;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const int32_t *xh = NULL, *xm = NULL, *xo = NULL, *xt[4];
+    if (XS == XS_BLOCK) {
+        xh = (const int32_t *)(const void *)X->xq->h;
+        xm = (const int32_t *)(const void *)X->xq->m;
+        xo = (const int32_t *)(const void *)X->xq->l;
+    } else {
+        for (int j = 0; j < nt; j++)
+            xt[j] = (const int32_t *)(const void *)X->L[t0 + j].x8;
+    }
+    REP4(RP3_ZERO)
+    for (int sb = 0; sb < gs; sb += 64) {
+        const int64_t cb = g * gs + sb;
+        const int64_t kb = XS == XS_BLOCK ? (cb / 4) * X->T + t0 : (cb / 64) * 16 * LV + (cb % 64) / 4;
+        for (int k = 0; k < (gs < 64 ? gs / 4 : 16); k++) {
+            __m512i v = _mm512_load_si512(grp + (sb / 4 + k) * 64);
+            __m512i w0 = _mm512_and_si512(v, nib);
+            __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            const int64_t kx = XS == XS_BLOCK ? kb + k * X->T : kb + k;
+            REP4(RP3_STEP)
+        }
+    }
+    REP4(RP3_STORE)
+}
+
 /* Groups [g0, g1) of one tile for tokens t0 .. t0+nt-1, added to the local
  * outputs yl[nt][32]. */
 static inline __attribute__((always_inline)) void
@@ -1063,6 +1124,10 @@ rp_groups(const uint8_t *tile, mx_dtype sdt, int64_t g0, int64_t g1, int64_t ng,
         const uint8_t *sp = grp + 16 * (size_t)gs, *bp = sp + 32 * ss;
         const __m512 s0 = load16_s(sp, sdt, 0, 0xffff), s1 = load16_s(sp, sdt, 16, 0xffff);
         const __m512 b0 = load16_s(bp, sdt, 0, 0xffff), b1 = load16_s(bp, sdt, 16, 0xffff);
+        if (LV == 3 && nt <= 4) {
+            rp_group3(grp, g, ng, X, t0, yl, s0, s1, b0, b1, nt <= 4 ? nt : 4, gs, XS);
+            continue;
+        }
         if (LV == 3) {
             const int part = 0;
             REP12(ACC_ZERO)
