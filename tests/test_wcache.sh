@@ -121,6 +121,20 @@ check "... with one warning naming the folder and the error" \
 check "... and the right ids" 'cmp -s "$T/kjv.ref" "$T/k.nw"'
 check "... and --stats says it was not used" 'grep -q "^weight cache: not used" "$T/k.nw.err"'
 
+# a file system without room for the cache (a 2 MiB tmpfs in a mount
+# namespace of its own, where this user may make one)
+mkdir -p "$T/small"
+if unshare -m true 2> /dev/null; then
+  unshare -m bash -c 'mount -t tmpfs -o size=2M tmpfs "$1" && MLXCEL_CACHE_DIR=$1/c "$2" generate -m "$3" \
+    --prompt-ids 1,2,3,4,5,6,7,8 -n 12 --temp 0 --ids-only --repack auto' _ "$T/small" "$BIN" "$T/kjv" \
+    > "$T/k.full" 2> "$T/k.full.err"
+  rc=$?
+  check "no room for the cache: one warning naming the folder, the run goes on with the right ids" \
+    '[ $rc = 0 ] && [ "$(grep -c warning "$T/k.full.err")" = 1 ] && grep -q "warning: weight cache: not enough room in $T/small/c for the cache file" "$T/k.full.err" && cmp -s "$T/kjv.ref" "$T/k.full"'
+else
+  echo "note: no mount namespace here: the full-disk case is not checked"
+fi
+
 # a cache folder inside the checkpoint: refused (the checkpoint is never written)
 MLXCEL_CACHE_DIR=$T/kjv/cache gen "$T/kjv" "$T/k.in" --repack auto
 check "a cache folder inside the checkpoint is refused, the run goes on" \

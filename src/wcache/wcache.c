@@ -28,6 +28,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <omp.h>
@@ -621,11 +622,31 @@ static void repack_all(const mx_wcache_src *src, wc_plan *p, unsigned char *base
         fprintf(stderr, "\r%70s\r", "");
 }
 
+/* 0 when dir's file system has room for `bytes` and still keeps some free
+ * (1 GiB, or a twentieth of a small file system: a cache must not be what
+ * fills a disk), else -1 with the reason in info. */
+static int room_for(const char *dir, uint64_t bytes, mx_wcache_info *info)
+{
+    struct statvfs v;
+    if (statvfs(dir, &v) != 0)
+        return 0;   /* unknown: posix_fallocate will say */
+    const uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize, size = (uint64_t)v.f_blocks * v.f_frsize;
+    const uint64_t keep = size / 20 < (1ull << 30) ? size / 20 : (1ull << 30);
+    if (avail >= bytes + keep)
+        return 0;
+    set_reason(info, MX_WCACHE_FAILED, "not enough room in %s for the cache file: it needs %.0f MiB and "
+               "%.0f MiB are kept free, %.0f MiB are free", dir, (double)bytes / 1048576.0,
+               (double)keep / 1048576.0, (double)avail / 1048576.0);
+    return -1;
+}
+
 /* Writes the cache file for plan p to info->path through a temporary file
  * in the same folder, renamed into place once complete and on disk.  0, or
  * -1 with the reason in info. */
 static int build(const mx_wcache_src *src, wc_plan *p, const char *dir, mx_wcache_info *info)
 {
+    if (room_for(dir, p->file_bytes, info))
+        return -1;
     char tmp[sizeof info->path + 16];
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", info->path);
     int fd = mkstemp(tmp);
