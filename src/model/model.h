@@ -228,10 +228,6 @@ void mx_model_free(mx_model *m);
  * mixers, MLPs, routers, shared and bound routed experts, lm_head; not the
  * embedding, which is read a row at a time) (repack.c). */
 void mx_model_each_qlinear(mx_model *m, void (*fn)(mx_linear *l, void *ctx), void *ctx);
-/* Gives every matrix that has a repacked layout (quant.h) its copy in
- * anonymous memory, owned by the model: what MLXCEL_REPACK=mem asks of the
- * loader. */
-int mx_model_repack_mem(mx_model *m, mx_err *e);
 /* The weight cache of a loaded model: whether a valid cache file exists
  * for it, without building one (mlxcel inspect).  MX_OK or MX_ENOMEM. */
 struct mx_wcache_info;

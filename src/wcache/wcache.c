@@ -962,6 +962,7 @@ static void attach_mem(mx_wcache *c, const mx_wcache_src *src, wc_plan *p)
                    (double)p->file_bytes / 1048576.0, strerror(errno));
         return give_up(&c->info);
     }
+    madvise(m, p->file_bytes, MADV_HUGEPAGE);   /* 2 MiB pages: fewer TLB misses while streaming */
     repack_all(src, p, m);
     mprotect(m, p->file_bytes, PROT_READ);
     c->map = m;
