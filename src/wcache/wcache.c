@@ -936,9 +936,13 @@ static void attach_file(mx_wcache *c, const mx_wcache_src *src, wc_plan *p, mx_r
         if (r == 2)
             snprintf(stale, sizeof stale, "%s", info->reason);
     }
-    if (stale[0])
+    if (stale[0]) {
         fprintf(stderr, "mlxcel: warning: weight cache %s is stale (%s): rebuilding it\n", info->path,
                 stale);
+        /* its space back before the new one takes as much (a process that
+         * has it mapped keeps its copy until it unmaps it) */
+        unlink(info->path);
+    }
     remove_stale_temps(dir, info->path);
     if (build(src, p, dir, info) == 0) {
         r = open_valid(src, p, info, &c->map, &c->map_len);
