@@ -357,6 +357,9 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddStringToObject(o, "kernel", mx_qkernels_active()->name);
         cJSON_AddStringToObject(o, "precision", mx_precision_name(mx_precision_get()));
         cJSON_AddStringToObject(o, "repack", mx_repack_mode_name(mx_repack_mode_get()));
+        cJSON_AddStringToObject(o, "weight_cache",
+                                m->wcache ? mx_wcache_state_name(mx_wcache_get_info(m->wcache)->state)
+                                          : "off");
         cJSON_AddNumberToObject(o, "prompt_tokens", (double)np);
         cJSON_AddNumberToObject(o, "gen_tokens", (double)ng);
         cJSON_AddNumberToObject(o, "repeats", (double)reps);

@@ -480,6 +480,12 @@ struct mx_wcache {
 
 const mx_wcache_info *mx_wcache_get_info(const mx_wcache *c) { return &c->info; }
 
+const char *mx_wcache_state_name(mx_wcache_state s)
+{
+    static const char *const names[] = {"off", "used", "built", "mem", "failed", "valid", "absent"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
+}
+
 void mx_wcache_free(mx_wcache *c)
 {
     if (!c)

@@ -97,6 +97,8 @@ typedef struct mx_wcache mx_wcache;
  * memory fails.  Free *out after the last use of the matrices. */
 int mx_wcache_attach(const mx_wcache_src *src, mx_repack_mode mode, mx_wcache **out, mx_err *e);
 const mx_wcache_info *mx_wcache_get_info(const mx_wcache *c);
+/* "off", "used", "built", "mem", "failed", "valid", "absent". */
+const char *mx_wcache_state_name(mx_wcache_state s);
 /* Unmaps or frees the repacked forms (NULL is fine). */
 void mx_wcache_free(mx_wcache *c);
 
