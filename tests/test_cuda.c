@@ -237,23 +237,29 @@ static void run_refused(const char *root, const char *name)
 }
 
 /* Every MLX affine format (bits x group size x scale dtype) through the
- * GPU's matvec (1 and 3 tokens) and tile (40 tokens) kernels against the
- * CPU's scalar reference, on random weights and inputs. */
+ * GPU's matvec (1 and 3 tokens) and tile kernels against the CPU's scalar
+ * reference, on random weights and inputs: 40, 77 and 130 tokens (the
+ * tensor-core tiles take 64 at a time: one partial tile, two, three), an
+ * odd row count, 14 chunks a row for groups of 32 and 64 (a partial stage
+ * of 4 chunks), each tile size with MLXCEL_CUDA_MMA on (4 and 8 bits on
+ * the tensor cores, the other widths on the fp32 tile kernel) and off. */
 static void linears(void)
 {
-    static const int bits[] = {2, 3, 4, 5, 6, 8}, gss[] = {32, 64, 128}, Ts[] = {1, 3, 40};
+    static const int bits[] = {2, 3, 4, 5, 6, 8}, gss[] = {32, 64, 128}, Ts[] = {1, 3, 40, 77, 130};
     static const mx_dtype sdt[] = {MX_F16, MX_BF16, MX_F32};
-    const int64_t rows = 200, cols = 384;
+    enum { NT = sizeof Ts / sizeof Ts[0], TMAX = 130 };
+    const int64_t rows = 203, cmax = 448;
     unsigned long long seed = 42;
-    float *w = malloc(sizeof(float) * rows * cols), *X = malloc(sizeof(float) * 40 * cols);
-    float *ref = malloc(sizeof(float) * 40 * rows), *got = malloc(sizeof(float) * 40 * rows);
-    uint8_t *packed = malloc((size_t)(rows * cols));
-    float *sc = malloc(sizeof(float) * rows * cols / 32), *bi = malloc(sizeof(float) * rows * cols / 32);
+    float *w = malloc(sizeof(float) * rows * cmax), *X = malloc(sizeof(float) * TMAX * cmax);
+    float *ref = malloc(sizeof(float) * TMAX * rows), *got = malloc(sizeof(float) * TMAX * rows);
+    uint8_t *packed = malloc((size_t)(rows * cmax));
+    float *sc = malloc(sizeof(float) * rows * cmax / 32), *bi = malloc(sizeof(float) * rows * cmax / 32);
     mx_qkernels_force("scalar");
-    int bad = 0;
+    int bad = 0, runs = 0;
     for (size_t ib = 0; ib < 6; ib++)
         for (size_t ig = 0; ig < 3; ig++)
             for (size_t is = 0; is < 3; is++) {
+                const int64_t cols = gss[ig] == 128 ? 384 : cmax;
                 for (int64_t i = 0; i < rows * cols; i++)
                     w[i] = test_randf(&seed);
                 mx_err e = {0};
@@ -261,23 +267,28 @@ static void linears(void)
                 mx_linear l = {.quantized = 1, .rows = rows, .cols = cols,
                                .q = {.w = packed, .scales = sc, .biases = bi, .rows = rows, .cols = cols,
                                      .bits = bits[ib], .group_size = gss[ig], .sdtype = sdt[is]}};
-                for (size_t it = 0; it < 3; it++) {
+                for (size_t it = 0; it < NT; it++) {
                     const int T = Ts[it];
                     for (int64_t i = 0; i < T * cols; i++)
                         X[i] = test_randf(&seed);
                     mx_linear_matmul(&l, X, T, ref);
-                    int rc = mx_cuda_linear(&l, X, T, got, &e);
-                    CHECK_OK(rc, &e);
-                    const double d = max_abs_diff(ref, got, (size_t)(T * rows)) / (max_abs(ref, (size_t)(T * rows)) + 1e-30);
-                    if (rc || d > 1e-5) {
-                        bad++;
-                        fprintf(stderr, "linear %d-bit group %d sdtype %d, %d tokens: relative difference %g\n",
-                                bits[ib], gss[ig], (int)sdt[is], T, d);
+                    for (int mma = 1; mma >= (T > 8 ? 0 : 1); mma--) {
+                        setenv("MLXCEL_CUDA_MMA", mma ? "1" : "0", 1);
+                        int rc = mx_cuda_linear(&l, X, T, got, &e);
+                        CHECK_OK(rc, &e);
+                        const double d = max_abs_diff(ref, got, (size_t)(T * rows)) / (max_abs(ref, (size_t)(T * rows)) + 1e-30);
+                        runs++;
+                        if (rc || d > 1e-5) {
+                            bad++;
+                            fprintf(stderr, "linear %d-bit group %d sdtype %d, %d tokens, mma %d: relative difference %g\n",
+                                    bits[ib], gss[ig], (int)sdt[is], T, mma, d);
+                        }
                     }
                 }
             }
+    unsetenv("MLXCEL_CUDA_MMA");
     mx_qkernels_force(NULL);
-    CHECKF(bad == 0, "%d of 162 GPU linears differ from the CPU reference", bad);
+    CHECKF(bad == 0, "%d of %d GPU linears differ from the CPU reference", bad, runs);
     free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);
 }
 

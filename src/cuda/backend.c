@@ -123,6 +123,11 @@ typedef struct cu_ctx {
     int *h_P, *h_lists, *h_cnt;
     mxc_item *h_items;
     int h_cap;
+    /* the tensor-core tiles (MLXCEL_CUDA_MMA, on by default): X split into
+     * mm, [mm_rows][mm_ld] */
+    int mma_on;
+    mxc_mmx mm;
+    int64_t mm_rows;
 } cu_ctx;
 
 static int cu_fail(mx_err *e, cudaError_t ce, const char *what)
@@ -613,6 +618,51 @@ typedef struct call {
     const mx_forward_trace *tr;
 } call;
 
+static void mm_free(cu_ctx *c)
+{
+    cudaFree(c->mm.hi);
+    cudaFree(c->mm.lo);
+    cudaFree(c->mm.sum);
+    cudaFree(c->mm.dx);
+    memset(&c->mm, 0, sizeof c->mm);
+    c->mm_rows = 0;
+}
+
+/* Sends tile t through the tensor cores when every matrix of it is `bits`
+ * (4 or 8) wide with scales of dtype dt and MLXCEL_CUDA_MMA is not 0:
+ * room for `rows` rows of X of up to ld values in the split copy (grown,
+ * never shrunk; prompts are never captured, so waiting here is allowed).
+ * Returns 1 when t takes that path, 0 when not, < 0 with e set. */
+static int mm_use(cu_ctx *c, mxc_tile *t, int bits, int dt, int64_t rows, int64_t ld, mx_err *e)
+{
+    t->mma = 0;
+    if (!c->mma_on || (bits != 4 && bits != 8))
+        return 0;
+    if (rows > c->mm_rows || ld > c->mm.ld) {
+        const int64_t nr = rows > c->mm_rows ? rows : c->mm_rows, nl = ld > c->mm.ld ? ld : c->mm.ld;
+        cudaStreamSynchronize(c->st);
+        mm_free(c);
+        cudaError_t ce = dalloc(&c->mm.hi, (size_t)(nr * nl) * 2);
+        if (ce == cudaSuccess)
+            ce = dalloc(&c->mm.lo, (size_t)(nr * nl) * 2);
+        if (ce == cudaSuccess)
+            ce = dalloc(&c->mm.sum, (size_t)(nr * (nl / 32)) * sizeof(float));
+        if (ce == cudaSuccess)
+            ce = dalloc(&c->mm.dx, (size_t)nr * sizeof(float));
+        if (ce != cudaSuccess) {
+            mm_free(c);
+            cu_fail(e, ce, "cudaMalloc");
+            return -1;
+        }
+        c->mm_rows = nr;
+        c->mm.ld = nl;
+    }
+    t->mma = bits;
+    t->mma_dt = dt;
+    t->mm = c->mm;
+    return 1;
+}
+
 /* Y[t * ldy] = M x_t for the call's T rows of X (ldx apart). */
 static int linear(call *k, int mi, const float *X, int64_t ldx, float *Y, int64_t ldy, int T, mx_err *e)
 {
@@ -623,7 +673,9 @@ static int linear(call *k, int mi, const float *X, int64_t ldx, float *Y, int64_
         return MX_OK;
     }
     mxc_tile t = {.table = c->d_mats, .plain = {mi, mi, 0, T}, .max_rows = c->mats[mi].rows,
-                  .X = X, .ldx = ldx, .Y = Y, .ldy = ldy};
+                  .X = X, .ldx = ldx, .Y = Y, .ldy = ldy, .prep_rows = T, .prep_k = c->mats[mi].cols};
+    if (mm_use(c, &t, c->mats[mi].bits, c->mats[mi].dt, T, c->mats[mi].cols, e) < 0)
+        return e->code;
     KL(mxc_tile_run(c->st, &t));
     return MX_OK;
 }
@@ -812,12 +864,14 @@ static int moe_many(call *k, int l, mx_err *e)
         tok_list[at] = p / Kp;
         pair_list[at] = p;
     }
-    /* cnt[x] is now the end of kind x's pairs; items of <= 32 pairs */
+    /* cnt[x] is now the end of kind x's pairs; items of <= 32 pairs (64
+     * on the tensor cores) */
+    const int mm = c->mma_on && cl->s_bits, tile = mm ? MXC_MM_T : MXC_TILE_T;
     mxc_item *gu = c->h_items, *dn = c->h_items + (npair + kinds + 1);
     int n_items = 0, start = 0;
     for (int x = 0; x < kinds; x++) {
-        for (int o = start; o < cnt[x]; o += MXC_TILE_T) {
-            const int n = cnt[x] - o < MXC_TILE_T ? cnt[x] - o : MXC_TILE_T, base = cl->table + 3 * x;
+        for (int o = start; o < cnt[x]; o += tile) {
+            const int n = cnt[x] - o < tile ? cnt[x] - o : tile, base = cl->table + 3 * x;
             gu[n_items] = (mxc_item){base, base + 1, o, n};
             dn[n_items] = (mxc_item){base + 2, base + 2, o, n};
             n_items++;
@@ -831,11 +885,18 @@ static int moe_many(call *k, int l, mx_err *e)
     const int d = c->m->d;
     mxc_tile t1 = {.table = c->d_mats, .items = b->items, .n_items = n_items, .max_rows = cl->ff_max,
                    .in_list = b->tok_list, .out_list = b->pair_list, .X = b->xn, .ldx = d, .Y = b->H,
-                   .ldy = cl->ff_max, .dual = 1, .act = c->m->act == MX_ACT_GELU_TANH};
-    KL(mxc_tile_run(c->st, &t1));
+                   .ldy = cl->ff_max, .dual = 1, .act = c->m->act == MX_ACT_GELU_TANH,
+                   .prep_rows = T, .prep_k = d};
     mxc_tile t2 = {.table = c->d_mats, .items = b->items + n_items, .n_items = n_items, .max_rows = d,
                    .in_list = b->pair_list, .out_list = b->pair_list, .X = b->H, .ldx = cl->ff_max,
                    .Y = b->Y, .ldy = d};
+    if (mm) {   /* gate/up: the T token rows split once; down: each item's pair rows */
+        const int64_t ld = cl->ff_max > d ? cl->ff_max : d;
+        if (mm_use(c, &t1, cl->s_bits, cl->s_dt, npair > T ? npair : T, ld, e) < 0 ||
+            mm_use(c, &t2, cl->s_bits, cl->s_dt, npair > T ? npair : T, ld, e) < 0)
+            return e->code;
+    }
+    KL(mxc_tile_run(c->st, &t1));
     KL(mxc_tile_run(c->st, &t2));
     KL(mxc_combine(c->st, b->Y, b->W, T, Kp, d, b->ffn));
     return MX_OK;
@@ -851,10 +912,13 @@ static int mlp_many(call *k, int l, mx_err *e)
     const int64_t ff = cl->extra_ff[0];
     mxc_tile t1 = {.table = c->d_mats, .plain = {cl->table, cl->table + 1, 0, k->T}, .max_rows = ff,
                    .X = b->xn, .ldx = d, .Y = b->H, .ldy = ff, .dual = 1,
-                   .act = c->m->act == MX_ACT_GELU_TANH};
-    KL(mxc_tile_run(c->st, &t1));
+                   .act = c->m->act == MX_ACT_GELU_TANH, .prep_rows = k->T, .prep_k = d};
     mxc_tile t2 = {.table = c->d_mats, .plain = {cl->table + 2, cl->table + 2, 0, k->T}, .max_rows = d,
-                   .X = b->H, .ldx = ff, .Y = b->ffn, .ldy = d};
+                   .X = b->H, .ldx = ff, .Y = b->ffn, .ldy = d, .prep_rows = k->T, .prep_k = ff};
+    const int64_t ld = ff > d ? ff : d;
+    if (mm_use(c, &t1, cl->s_bits, cl->s_dt, k->T, ld, e) < 0 || mm_use(c, &t2, cl->s_bits, cl->s_dt, k->T, ld, e) < 0)
+        return e->code;
+    KL(mxc_tile_run(c->st, &t1));
     KL(mxc_tile_run(c->st, &t2));
     return MX_OK;
 }
@@ -1134,6 +1198,7 @@ static void cu_free(void *ctx)
     cudaDeviceSynchronize();
     buf_free(&c->dec);
     buf_free(&c->pre);
+    mm_free(c);
     for (size_t i = 0; i < c->n_extra; i++)
         cudaFree(c->extra[i].d);
     free(c->extra);
@@ -1182,7 +1247,7 @@ int mx_cuda_probe(char *info, size_t cap)
 
 int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *e)
 {
-    cu_ctx c = {0};
+    cu_ctx c = {.mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1)};
     float *dx = NULL, *dy = NULL;
     int idx, rc = add_mat(&c, l, "linear", &idx, e);
     const size_t nx = (size_t)T * (size_t)l->cols, ny = (size_t)T * (size_t)l->rows;
@@ -1209,6 +1274,7 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
     cudaFree(dx);
     cudaFree(dy);
     cudaFree(c.d_mats);
+    mm_free(&c);
     for (size_t i = 0; i < c.n_extra; i++)
         cudaFree(c.extra[i].d);
     free(c.extra);
@@ -1239,6 +1305,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         return mx_fail(e, MX_ENOMEM, "out of memory");
     c->m = m;
     c->graphable = 1;
+    c->mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1);
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;

@@ -101,6 +101,23 @@ int mxc_matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const m
 typedef struct mxc_item {
     int m0, m1, off, n;
 } mxc_item;
+
+/* Tokens of one item of the tensor-core tile kernel (mma): tiles of up to
+ * 64 rows of X. */
+#define MXC_MM_T 64
+
+/* The tensor-core path's copy of X (mxc_tile.mma): each row x split
+ * exactly enough for fp32 results into two f16 parts, x / dx ~= hi + lo
+ * (dx a power of two per row, |x / dx| < 2^14, so hi + lo holds 22
+ * significant bits of every value), the values of each 32-value chunk in
+ * the order of the MMA fragments, and the chunk sums of x / dx.  Rows
+ * are ld halves apart (ld >= the widest K). */
+typedef struct mxc_mmx {
+    void *hi, *lo;               /* [rows][ld] f16 */
+    float *sum;                  /* [rows][ld / 32] */
+    float *dx;                   /* [rows] */
+    int64_t ld;
+} mxc_mmx;
 typedef struct mxc_tile {
     const mxc_mat *table;        /* device */
     const mxc_item *items;       /* device, n_items of them; NULL: the plain item below */
@@ -113,6 +130,15 @@ typedef struct mxc_tile {
     float *Y;
     int64_t ldy;
     int dual, act;
+    /* mma = 4 or 8: every matrix of the launch that wide with scales of
+     * dtype mma_dt goes through the tensor cores (items of up to
+     * MXC_MM_T rows), X split into mm first: prep_rows > 0, rows
+     * [0, prep_rows) of X, prep_k values each; 0, each item's rows
+     * (in_list) with its matrix's cols.  mma = 0: the fp32 tile kernel
+     * (items of up to MXC_TILE_T rows). */
+    int mma, mma_dt;
+    mxc_mmx mm;
+    int64_t prep_rows, prep_k;
 } mxc_tile;
 int mxc_tile_run(cudaStream_t st, const mxc_tile *t);
 

@@ -669,8 +669,423 @@ __global__ void __launch_bounds__(256) k_tile(mxc_tile a)
     }
 }
 
+/* ---- the tile kernel on tensor cores (prefill) ---------------------------------
+ *
+ * Exact to fp32 level without fp32 arithmetic in the inner loop: the
+ * weights are small integers q (0..15, 0..255), exact in f16, and each row
+ * of X is split into two f16 parts, x / dx = hi + lo (k_mm_prep; dx a
+ * power of two, so the scaling is exact, and hi + lo keeps 22 significant
+ * bits of every value).  mma.m16n8k16 (f16 in, f32 accumulate) then sums
+ * q * hi + q * lo per weight group: each product is exact (8 x 11 bits),
+ * only the f32 additions round, as in the CPU's float kernels.  At the end
+ * of each group every accumulator is folded in as
+ *     tot += s_g * acc + b_g * sum_g(x / dx),     y = dx * tot (+ bias),
+ * the identity of the other kernels (s * sum(q x) + b * sum(x)).
+ *
+ * Layout.  The 16 bytes of a 4-bit chunk row hold value v at nibble v % 8
+ * of word v / 8.  Lane (g, t) of a warp (g = lane / 4, t = lane % 4)
+ * takes word t of its rows g and g + 8 and makes four f16 pairs of it
+ * with one mask and OR each (nibble i and i + 4 under the exponent of
+ * 1024, then 1024 subtracted): pairs i = 0..3 are the A fragments of the
+ * chunk's two k16 steps (a pair of nibbles i, i + 4 for k slots 2t, 2t + 1
+ * of step i / 2, the next pair for slots 2t + 8, 2t + 9).  8 bits: words
+ * 2t and 2t + 1, bytes i of each paired by byte permutes.  The products
+ * are summed in any order within a group, so X only has to be stored in
+ * the matching order: k_mm_prep writes value v of a chunk at position
+ * mm_pos(v), where ldmatrix hands each lane exactly its B fragments.
+ *
+ * Blocks of 4 warps take 64 rows (dual: 32 rows of both matrices) x 64
+ * tokens, a warp 32 rows x 32 tokens (2 x 4 MMA tiles, two parts each);
+ * each stage stages 4 chunks of weights and of both parts of X in shared
+ * memory with cp.async. */
+
+#define MM_THREADS 128
+#define MM_R 64
+#define MM_KC 2
+#define MM_XP (MM_KC * 32 + 8)   /* halves per token row of a stage (16 bytes of padding: ldmatrix rows hit distinct banks) */
+
+/* Where value v of a 32-value chunk goes in the prepared X. */
+__device__ __forceinline__ int mm_pos(int v) { return (v & 3) * 8 + (v >> 3) * 2 + ((v >> 2) & 1); }
+
+/* Rows of X split for the tensor cores: one block per row (plain: rows
+ * [0, prep_rows); items: block (item, token)); the row's largest |x| by
+ * the whole block, then each warp a chunk at a time, each lane one value
+ * of it. */
+__global__ void __launch_bounds__(128) k_mm_prep(mxc_tile a)
+{
+    pdl_enter();
+    int64_t xrow, K;
+    if (a.prep_rows > 0) {
+        xrow = blockIdx.x;
+        K = a.prep_k;
+    } else {
+        const mxc_item it = a.items[blockIdx.x];
+        if ((int)blockIdx.y >= it.n)
+            return;
+        xrow = a.in_list[it.off + blockIdx.y];
+        K = a.table[it.m0].cols;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float *x = a.X + xrow * a.ldx;
+    float amax = 0.0f;
+    int bad = 0;
+    for (int64_t k = threadIdx.x * 4; k < K; k += 512) {
+        const float4 v = *(const float4 *)(x + k);
+        amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+        bad |= !isfinite(v.x) | !isfinite(v.y) | !isfinite(v.z) | !isfinite(v.w);
+    }
+    bad = __syncthreads_or(bad);
+    amax = block_maxf(amax);
+    /* dx = 2^(e - 14) for amax = m 2^e, m in [0.5, 1): |x / dx| < 2^14 */
+    int e = 0;
+    frexpf(amax, &e);
+    const float inv = amax > 0.0f ? ldexpf(1.0f, 14 - e) : 1.0f;
+    if (threadIdx.x == 0)
+        a.mm.dx[xrow] = bad ? NAN : amax > 0.0f ? ldexpf(1.0f, e - 14) : 1.0f;
+    __half *hi = (__half *)a.mm.hi + xrow * a.mm.ld, *lo = (__half *)a.mm.lo + xrow * a.mm.ld;
+    float *sum = a.mm.sum + xrow * (a.mm.ld >> 5);
+    const int pos = mm_pos(lane);
+#pragma unroll 4
+    for (int64_t c = warp; c < (K >> 5); c += 4) {
+        const float v = x[c * 32 + lane] * inv;
+        const __half h = __float2half_rn(v);
+        hi[c * 32 + pos] = h;
+        lo[c * 32 + pos] = __float2half_rn(v - __half2float(h));
+        const float s = warp_sum(v);
+        if (lane == 0)
+            sum[c] = s;
+    }
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(const void *smem, uint32_t *r)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* f16 pair i of a chunk row's words (see above): values i and i + 4 of the
+ * lane's 8. */
+template <int BITS, int I>
+__device__ __forceinline__ uint32_t mm_pair(const uint32_t *w)
+{
+    uint32_t v;
+    if constexpr (BITS == 4) {
+        v = ((w[0] >> (4 * I)) & 0x000F000Fu) | 0x64006400u;
+    } else {
+        const uint32_t t = __byte_perm(w[0], w[1], I < 2 ? 0x5140 : 0x7362);
+        v = __byte_perm(t, 0x64646464u, (I & 1) ? 0x4342 : 0x4140);
+    }
+    const __half2 h = __hsub2(*(const __half2 *)&v, __half2half2(__ushort_as_half((unsigned short)0x6400)));
+    return *(const uint32_t *)&h;
+}
+
+template <int DT>
+__device__ __forceinline__ float ldf_t(const void *p, int64_t i)
+{
+    if constexpr (DT == MXC_F16)
+        return __half2float(((const __half *)p)[i]);
+    else if constexpr (DT == MXC_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    else
+        return ((const float *)p)[i];
+}
+
+template <int BITS, int DT>
+__global__ void __launch_bounds__(MM_THREADS, 4) k_mm(mxc_tile a)
+{
+    constexpr int WST = MM_KC * BITS + (BITS == 4 ? 4 : 8);   /* words per weight row of a stage (padded) */
+    constexpr int PPR = MM_KC * BITS / 4;                    /* 16-byte pieces per weight row of a full stage */
+    constexpr int XH = 2 * MXC_MM_T * MM_XP;                 /* halves of both parts of X in a stage */
+    constexpr int STAGE = XH * 2 + MXC_MM_T * MM_KC * 4 + MM_R * WST * 4;   /* bytes of a stage */
+    extern __shared__ float4 smem_f4[];
+    __shared__ int64_t xrows[MXC_MM_T];
+    pdl_enter();
+    mxc_item it;
+    if (a.items) {
+        it = a.items[blockIdx.y];
+    } else {
+        it = a.plain;
+        it.off = blockIdx.y * MXC_MM_T;
+        it.n = min(MXC_MM_T, a.plain.n - it.off);
+    }
+    const mxc_mat M0 = a.table[it.m0];
+    const mxc_mat M1 = a.dual ? a.table[it.m1] : M0;
+    const int RB = a.dual ? MM_R / 2 : MM_R;
+    const int64_t r0 = (int64_t)blockIdx.x * RB;
+    if (r0 >= M0.rows)
+        return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int wr = warp & 1, wt = warp >> 1;
+    if (tid < MXC_MM_T)
+        xrows[tid] = tid < it.n ? (a.in_list ? a.in_list[it.off + tid] : it.off + tid) : -1;
+    /* the warp's matrix (dual: gate or up), by fields (no local copy to index) */
+    const bool w1 = a.dual && wr;
+    const void *ws = w1 ? M1.s : M0.s, *wb = w1 ? M1.b : M0.b;
+    const int64_t wrows = w1 ? M1.rows : M0.rows, wgs = w1 ? M1.gs : M0.gs;
+    const int64_t wrow0 = a.dual ? r0 : r0 + wr * 32;   /* the warp's first row of its matrix */
+    const int nch = (int)(M0.cols >> 5);
+    const int64_t gpr = M0.cols / wgs;
+    const int cpg = (int)(wgs >> 5);                     /* chunks per group (gate and up may differ) */
+    const int64_t wpr = M0.cols * BITS / 32;             /* words per row */
+    const int ntv = min(4, max(0, (it.n - wt * 32 + 7) >> 3));   /* the warp's token tiles with tokens */
+    /* this thread's weight row pieces: row tid / PPR ... of each pass of MM_THREADS */
+    const __half *xhi = (const __half *)a.mm.hi, *xlo = (const __half *)a.mm.lo;
+    const int64_t ldr = a.mm.ld, lds = a.mm.ld >> 5;
+    __syncthreads();
+
+    /* stage s of the K loop into buffer s & 1 */
+    auto load = [&](int s) {
+        unsigned char *base = (unsigned char *)smem_f4 + (s & 1) * STAGE;
+        __half *Xs = (__half *)base;
+        float *Ss = (float *)(base + XH * 2);
+        uint32_t *Ws = (uint32_t *)(base + XH * 2 + MXC_MM_T * MM_KC * 4);
+        const int c0 = s * MM_KC, kc = min(MM_KC, nch - c0);
+#pragma unroll
+        for (int k = 0; k < MM_R * PPR / MM_THREADS; k++) {
+            const int i = k * MM_THREADS + tid, r = i / PPR, pc = i % PPR;
+            if (pc < kc * BITS / 4) {
+                const bool m1 = a.dual && r >= 32;
+                const int64_t gr = min((a.dual ? r0 + (r & 31) : r0 + r), (m1 ? M1.rows : M0.rows) - 1);
+                cp_async16(Ws + r * WST + pc * 4,
+                           (const uint32_t *)(m1 ? M1.w : M0.w) + gr * wpr + (int64_t)c0 * BITS + pc * 4);
+            }
+        }
+        /* 2 parts x 64 tokens x MM_KC * 4 pieces: a token row's pieces on consecutive lanes */
+        constexpr int XPC = MM_KC * 4;
+#pragma unroll 4
+        for (int k = 0; k < 2 * MXC_MM_T * XPC / MM_THREADS; k++) {
+            const int i = k * MM_THREADS + tid, rp = i / XPC, pc = i % XPC, lt = rp & (MXC_MM_T - 1);
+            const int64_t xr = xrows[lt];
+            if (xr >= 0 && pc < kc * 4)
+                cp_async16(Xs + rp * MM_XP + pc * 8, ((rp >= MXC_MM_T) ? xlo : xhi) + xr * ldr + c0 * 32 + pc * 8);
+        }
+        for (int i = tid; i < MXC_MM_T * MM_KC; i += MM_THREADS) {
+            const int lt = i / MM_KC, cc = i % MM_KC;
+            const int64_t xr = xrows[lt];
+            if (xr >= 0 && cc < kc)
+                cp_async4(Ss + lt * MM_KC + cc, a.mm.sum + xr * lds + c0 + cc);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+
+    float acc[2][4][4], tot[2][4][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[m][n][i] = tot[m][n][i] = 0.0f;
+
+    const int ns = (nch + MM_KC - 1) / MM_KC;
+    int gc = 0, grp = 0;   /* chunks of the current group seen, its index */
+    float sx[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    load(0);
+    for (int s = 0; s < ns; s++) {
+        if (s + 1 < ns) {
+            load(s + 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const unsigned char *base = (const unsigned char *)smem_f4 + (s & 1) * STAGE;
+        const __half *Xs = (const __half *)base;
+        const float *Ss = (const float *)(base + XH * 2);
+        const uint32_t *Ws = (const uint32_t *)(base + XH * 2 + MXC_MM_T * MM_KC * 4);
+        const int kc = min(MM_KC, nch - s * MM_KC);
+        for (int cc = 0; cc < kc; cc++) {
+            uint32_t w[2][2][BITS == 4 ? 1 : 2];
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t *p = Ws + (wr * 32 + m * 16 + g + 8 * h) * WST + cc * BITS;
+                    if constexpr (BITS == 4) {
+                        w[m][h][0] = p[t4];
+                    } else {
+                        const uint2 v = *(const uint2 *)(p + 2 * t4);
+                        w[m][h][0] = v.x, w[m][h][1] = v.y;
+                    }
+                }
+            /* the group's running sums of x / dx of this lane's 8 tokens */
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    sx[n][e] += Ss[(wt * 32 + n * 8 + 2 * t4 + e) * MM_KC + cc];
+            uint32_t af[2][2][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                af[0][m][0] = mm_pair<BITS, 0>(w[m][0]);
+                af[0][m][1] = mm_pair<BITS, 0>(w[m][1]);
+                af[0][m][2] = mm_pair<BITS, 1>(w[m][0]);
+                af[0][m][3] = mm_pair<BITS, 1>(w[m][1]);
+                af[1][m][0] = mm_pair<BITS, 2>(w[m][0]);
+                af[1][m][1] = mm_pair<BITS, 2>(w[m][1]);
+                af[1][m][2] = mm_pair<BITS, 3>(w[m][0]);
+                af[1][m][3] = mm_pair<BITS, 3>(w[m][1]);
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+                if (n < ntv)
+#pragma unroll
+                    for (int part = 0; part < 2; part++) {
+                        uint32_t b[4];
+                        ldsm_x4(Xs + (part * MXC_MM_T + wt * 32 + n * 8 + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8, b);
+#pragma unroll
+                        for (int m = 0; m < 2; m++) {
+                            mma16816(acc[m][n], af[0][m], b[0], b[1]);
+                            mma16816(acc[m][n], af[1][m], b[2], b[3]);
+                        }
+                    }
+            if (++gc == cpg) {   /* the end of a group: fold it in */
+                float sc[2][2], bb[2][2];
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int64_t r = min(wrow0 + m * 16 + g + 8 * h, wrows - 1);
+                        sc[m][h] = ldf_t<DT>(ws, r * gpr + grp);
+                        bb[m][h] = ldf_t<DT>(wb, r * gpr + grp);
+                    }
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    if (n < ntv) {
+#pragma unroll
+                        for (int m = 0; m < 2; m++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                tot[m][n][i] += sc[m][i >> 1] * acc[m][n][i] + bb[m][i >> 1] * sx[n][i & 1];
+                                acc[m][n][i] = 0.0f;
+                            }
+                    }
+                    sx[n][0] = sx[n][1] = 0.0f;
+                }
+                gc = 0;
+                grp++;
+            }
+        }
+        __syncthreads();   /* buffer s & 1 is loaded again at stage s + 2 */
+    }
+    /* y = dx * tot (+ bias) */
+    float dxv[4][2];
+    int64_t orow[4][2];
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int lt = wt * 32 + n * 8 + 2 * t4 + e;
+            const int64_t xr = xrows[lt];
+            dxv[n][e] = xr >= 0 ? a.mm.dx[xr] : 0.0f;
+            orow[n][e] = xr >= 0 ? (a.out_list ? a.out_list[it.off + lt] : it.off + lt) : -1;
+        }
+    if (!a.dual) {
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t r = wrow0 + m * 16 + g + 8 * h;
+                if (r >= M0.rows)
+                    continue;
+                const float bias = M0.bias ? M0.bias[r] : 0.0f;
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (orow[n][e] >= 0)
+                            a.Y[orow[n][e] * a.ldy + r] = dxv[n][e] * tot[m][n][2 * h + e] + bias;
+            }
+        return;
+    }
+    /* dual: gate rows (warps wr = 0) and up rows (wr = 1) meet in shared memory */
+    float *G = (float *)smem_f4;   /* [2][32 rows][MXC_MM_T + 1] */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    G[(wr * 32 + m * 16 + g + 8 * h) * (MXC_MM_T + 1) + wt * 32 + n * 8 + 2 * t4 + e] =
+                        dxv[n][e] * tot[m][n][2 * h + e];
+    __syncthreads();
+    for (int i = tid; i < 32 * MXC_MM_T; i += MM_THREADS) {
+        const int r = i & 31, lt = i >> 5;
+        if (lt >= it.n || r0 + r >= M0.rows)
+            continue;
+        const int64_t o = a.out_list ? a.out_list[it.off + lt] : it.off + lt;
+        a.Y[o * a.ldy + r0 + r] = glu(a.act, G[r * (MXC_MM_T + 1) + lt], G[(32 + r) * (MXC_MM_T + 1) + lt]);
+    }
+}
+
+static size_t mm_smem(int bits)
+{
+    const int wst = MM_KC * bits + (bits == 4 ? 4 : 8);
+    return 2 * (size_t)(2 * MXC_MM_T * MM_XP * 2 + MXC_MM_T * MM_KC * 4 + MM_R * wst * 4);
+}
+
+template <int BITS, int DT>
+static int launch_mm(cudaStream_t st, const mxc_tile *t, unsigned ny)
+{
+    const size_t smem = mm_smem(BITS);
+    static int attr_set;
+    if (!attr_set) {
+        cudaFuncSetAttribute(k_mm<BITS, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attr_set = 1;
+    }
+    const int64_t rb = t->dual ? MM_R / 2 : MM_R;
+    dim3 grid((unsigned)((t->max_rows + rb - 1) / rb), ny);
+    return launch_k(k_mm<BITS, DT>, grid, MM_THREADS, smem, st, 1, *t);
+}
+
+static int mm_run(cudaStream_t st, const mxc_tile *t)
+{
+    const unsigned ny = (unsigned)(t->items ? t->n_items : (t->plain.n + MXC_MM_T - 1) / MXC_MM_T);
+    if (ny == 0)
+        return 0;
+    const dim3 np = t->prep_rows > 0 ? dim3((unsigned)t->prep_rows) : dim3((unsigned)t->n_items, MXC_MM_T);
+    int rc = launch_k(k_mm_prep, np, 128, 0, st, 1, *t);
+    if (rc)
+        return rc;
+#define MXC_MM(B, D) \
+    if (t->mma == B && t->mma_dt == D) \
+        return launch_mm<B, D>(st, t, ny);
+    MXC_MM(4, MXC_F16) MXC_MM(4, MXC_BF16) MXC_MM(4, MXC_F32)
+    MXC_MM(8, MXC_F16) MXC_MM(8, MXC_BF16) MXC_MM(8, MXC_F32)
+#undef MXC_MM
+    return (int)cudaErrorInvalidValue;
+}
+
 int mxc_tile_run(cudaStream_t st, const mxc_tile *t)
 {
+    if (t->mma)
+        return mm_run(st, t);
     const int ny = t->items ? t->n_items : (t->plain.n + MXC_TILE_T - 1) / MXC_TILE_T;
     if (ny <= 0)
         return 0;
