@@ -126,6 +126,7 @@ typedef struct cu_ctx {
     /* the tensor-core tiles (MLXCEL_CUDA_MMA, on by default): X split into
      * mm, [mm_rows][mm_ld] */
     int mma_on;
+    int att_tile;                /* MLXCEL_CUDA_ATT_TILE: prompt attention in query tiles */
     mxc_mmx mm;
     int64_t mm_rows;
 } cu_ctx;
@@ -727,6 +728,7 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
         at.span = MXC_ATT_SPAN_DECODE;
         at.n_split = k->graph ? k->q->n_split : (k->last_pos + at.span) / at.span;
     } else {
+        at.tile = c->att_tile;
         at.span = MXC_ATT_SPAN_PROMPT;
         at.n_split = (k->last_pos + at.span) / at.span;
         int rc = part_reserve(b, (size_t)T * (size_t)a->n_heads * (size_t)at.n_split * (size_t)(a->head_dim + 2), e);
@@ -1306,6 +1308,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->m = m;
     c->graphable = 1;
     c->mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1);
+    c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;

@@ -194,6 +194,7 @@ typedef struct mxc_att {
     float *out;
     int *cnt;                    /* T = 1: [nh] zeroed ints; the last split of a head combines (no second launch) */
     int fuse;                    /* T = 1: the blocks do qkv's work themselves (no mxc_qkv_post launch) */
+    int tile;                    /* T > 1: query tiles over key tiles (one launch, part unused) */
     mxc_qkv qkv;
 } mxc_att;
 int mxc_attend(cudaStream_t st, const mxc_att *a);

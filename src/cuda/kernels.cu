@@ -12,6 +12,7 @@
  * the output rows with each slot's router weight folded in. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -702,6 +703,9 @@ __global__ void __launch_bounds__(256) k_tile(mxc_tile a)
 #define MM_THREADS 128
 #define MM_R 64
 #define MM_KC 2
+#ifndef MXC_MM_MINB
+#define MXC_MM_MINB 3            /* resident blocks per SM the registers are sized for */
+#endif
 #define MM_XP (MM_KC * 32 + 8)   /* halves per token row of a stage (16 bytes of padding: ldmatrix rows hit distinct banks) */
 
 /* Where value v of a 32-value chunk goes in the prepared X. */
@@ -781,7 +785,7 @@ __device__ __forceinline__ void ldsm_x4(const void *smem, uint32_t *r)
 
 __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -814,8 +818,30 @@ __device__ __forceinline__ float ldf_t(const void *p, int64_t i)
         return ((const float *)p)[i];
 }
 
+/* A scale or bias as its raw bits (f16/bf16: 16 bits), so that a load can
+ * be issued a group ahead of its use without a conversion in between. */
+template <int DT>
+__device__ __forceinline__ uint32_t ldraw_t(const void *p, int64_t i)
+{
+    if constexpr (DT == MXC_F32)
+        return __ldg((const unsigned int *)p + i);
+    else
+        return __ldg((const unsigned short *)p + i);
+}
+
+template <int DT>
+__device__ __forceinline__ float rawf_t(uint32_t v)
+{
+    if constexpr (DT == MXC_F16)
+        return __half2float(__ushort_as_half((unsigned short)v));
+    else if constexpr (DT == MXC_BF16)
+        return __uint_as_float(v << 16);
+    else
+        return __uint_as_float(v);
+}
+
 template <int BITS, int DT>
-__global__ void __launch_bounds__(MM_THREADS, 4) k_mm(mxc_tile a)
+__global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 {
     constexpr int WST = MM_KC * BITS + (BITS == 4 ? 4 : 8);   /* words per weight row of a stage (padded) */
     constexpr int PPR = MM_KC * BITS / 4;                    /* 16-byte pieces per weight row of a full stage */
@@ -904,6 +930,19 @@ __global__ void __launch_bounds__(MM_THREADS, 4) k_mm(mxc_tile a)
     const int ns = (nch + MM_KC - 1) / MM_KC;
     int gc = 0, grp = 0;   /* chunks of the current group seen, its index */
     float sx[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    /* the scales and biases of the lane's 4 rows for the current group,
+     * loaded a group ahead (an L2 round trip per group otherwise stalls
+     * every warp at every group's end) */
+    int64_t srow[2][2];
+    uint32_t rs[2][2], rb[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            srow[m][h] = min(wrow0 + m * 16 + g + 8 * h, wrows - 1) * gpr;
+            rs[m][h] = ldraw_t<DT>(ws, srow[m][h]);
+            rb[m][h] = ldraw_t<DT>(wb, srow[m][h]);
+        }
     load(0);
     for (int s = 0; s < ns; s++) {
         if (s + 1 < ns) {
@@ -965,13 +1004,15 @@ __global__ void __launch_bounds__(MM_THREADS, 4) k_mm(mxc_tile a)
                     }
             if (++gc == cpg) {   /* the end of a group: fold it in */
                 float sc[2][2], bb[2][2];
+                const int64_t gn = grp + 1 < gpr ? grp + 1 : grp;
 #pragma unroll
                 for (int m = 0; m < 2; m++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const int64_t r = min(wrow0 + m * 16 + g + 8 * h, wrows - 1);
-                        sc[m][h] = ldf_t<DT>(ws, r * gpr + grp);
-                        bb[m][h] = ldf_t<DT>(wb, r * gpr + grp);
+                        sc[m][h] = rawf_t<DT>(rs[m][h]);
+                        bb[m][h] = rawf_t<DT>(rb[m][h]);
+                        rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + gn);
+                        rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + gn);
                     }
 #pragma unroll
                 for (int n = 0; n < 4; n++) {
@@ -1528,8 +1569,138 @@ __global__ void k_att_combine(mxc_att a)
     }
 }
 
+/* ---- prompt attention in tiles ------------------------------------------------------
+ *
+ * A block takes ATT_QT consecutive tokens of one head and walks the
+ * positions their queries reach in tiles of ATT_KT keys (flash-attention
+ * style, online softmax in fp32): each key and value row is read once per
+ * query tile instead of once per query.  Thread (q, g) (q = tid / 8, g =
+ * tid % 8) scores keys g, g + 8, ... of the tile against query q and owns
+ * dims g*4 + 32 i of that query's output; the 8 threads of a query are
+ * adjacent lanes, so its running max and sum are shuffled among them. */
+#define ATT_QT 32
+#define ATT_KT 32
+
+__global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
+{
+    pdl_enter();
+    extern __shared__ float4 smem_f4[];
+    const int hd = a.hd, h4 = hd / 4, hp = h4 + 1;   /* float4s per row, padded */
+    float4 *Qs = smem_f4, *Ks = Qs + ATT_QT * hp, *Vs = Ks + ATT_KT * hp;
+    float *Ps = (float *)(Vs + ATT_KT * hp);         /* [ATT_QT][ATT_KT + 1] */
+    const int h = blockIdx.x, t0 = blockIdx.y * ATT_QT, tid = threadIdx.x;
+    const int q = tid >> 3, g = tid & 7, t = t0 + q;
+    const int kvh = h / (a.nh / a.nkv);
+    const bool valid = t < a.T;
+    const int pos = valid ? a.pos[t] : -1;
+    const int start = valid && a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    /* the positions any query of the tile reaches */
+    __shared__ int range[2];
+    if (tid == 0) {
+        int lo = INT_MAX, hi = -1;
+        for (int i = 0; i < ATT_QT && t0 + i < a.T; i++) {
+            const int p = a.pos[t0 + i];
+            const int s = a.window && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+            lo = min(lo, s);
+            hi = max(hi, p);
+        }
+        range[0] = lo, range[1] = hi;
+    }
+    for (int i = tid; i < ATT_QT * h4; i += 256) {
+        const int qq = i / h4, d = i - qq * h4;
+        Qs[qq * hp + d] = t0 + qq < a.T ? ((const float4 *)(a.qr + ((int64_t)(t0 + qq) * a.nh + h) * hd))[d]
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __syncthreads();
+    const int lo = range[0], hi = range[1];
+    const float4 *K = (const float4 *)(a.kc + (int64_t)kvh * a.n_ctx * hd);
+    const float4 *V = (const float4 *)(a.vc + (int64_t)kvh * a.n_ctx * hd);
+    float4 o[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        o[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float m = -INFINITY, l = 0.0f;
+    for (int k0 = lo - lo % ATT_KT; k0 <= hi; k0 += ATT_KT) {
+        for (int i = tid; i < ATT_KT * h4; i += 256) {
+            const int kk = i / h4, d = i - kk * h4;
+            const int p = min(k0 + kk, hi);
+            Ks[kk * hp + d] = K[(int64_t)p * h4 + d];
+            Vs[kk * hp + d] = V[(int64_t)p * h4 + d];
+        }
+        __syncthreads();
+        float s[ATT_KT / 8];
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < ATT_KT / 8; j++) {
+            const int kk = g + 8 * j, p = k0 + kk;
+            float d = 0.0f;
+            for (int i = 0; i < h4; i++) {
+                const float4 qv = Qs[q * hp + i], kv = Ks[kk * hp + i];
+                d += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+            }
+            s[j] = valid && p >= start && p <= pos ? d * a.scale : -INFINITY;
+            tmax = fmaxf(tmax, s[j]);
+        }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
+        const float mn = fmaxf(m, tmax);
+        const float corr = mn == -INFINITY ? 1.0f : expf(m - mn);
+        float ps = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_KT / 8; j++) {
+            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - mn);
+            Ps[q * (ATT_KT + 1) + g + 8 * j] = e;
+            ps += e;
+        }
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+        l = l * corr + ps;
+        m = mn;
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (g + 8 * i < h4) {
+                float4 acc = o[i];
+                acc.x *= corr, acc.y *= corr, acc.z *= corr, acc.w *= corr;
+                for (int kk = 0; kk < ATT_KT; kk++) {
+                    const float w = Ps[q * (ATT_KT + 1) + kk];
+                    const float4 v = Vs[kk * hp + g + 8 * i];
+                    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+                }
+                o[i] = acc;
+            }
+        }
+        __syncthreads();
+    }
+    if (!valid)
+        return;
+    float4 *out = (float4 *)(a.out + ((int64_t)t * a.nh + h) * hd);
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (g + 8 * i < h4)
+            out[g + 8 * i] = make_float4(o[i].x * inv, o[i].y * inv, o[i].z * inv, o[i].w * inv);
+}
+
+static int attend_tiles(cudaStream_t st, const mxc_att *a)
+{
+    const int hp = a->hd / 4 + 1;
+    const size_t smem = (size_t)(ATT_QT + 2 * ATT_KT) * hp * 16 + ATT_QT * (ATT_KT + 1) * 4;
+    static int attr_set;
+    if (!attr_set) {
+        cudaFuncSetAttribute(k_attend_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+        attr_set = 1;
+    }
+    dim3 grid((unsigned)a->nh, (unsigned)((a->T + ATT_QT - 1) / ATT_QT));
+    return launch_k(k_attend_tile, grid, 256, smem, st, 1, *a);
+}
+
 int mxc_attend(cudaStream_t st, const mxc_att *a)
 {
+    if (a->tile && a->T > 1 && !a->cnt && a->hd % 4 == 0 && a->hd <= 256)
+        return attend_tiles(st, a);
     dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)a->n_split);
     const int rc = a->fuse ? launch_k(k_attend<true>, grid, 256, 0, st, 1, *a)
                            : launch_k(k_attend<false>, grid, 256, 0, st, 1, *a);
