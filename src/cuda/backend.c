@@ -619,12 +619,17 @@ typedef struct call {
     const mx_forward_trace *tr;
 } call;
 
+/* Floats of split-K partial sums (16 MiB): a router of 256 rows x 1024
+ * tokens split 16 ways. */
+#define MM_PART_CAP ((int64_t)4 << 20)
+
 static void mm_free(cu_ctx *c)
 {
     cudaFree(c->mm.hi);
     cudaFree(c->mm.lo);
     cudaFree(c->mm.sum);
     cudaFree(c->mm.dx);
+    cudaFree(c->mm.part);
     memset(&c->mm, 0, sizeof c->mm);
     c->mm_rows = 0;
 }
@@ -650,6 +655,8 @@ static int mm_use(cu_ctx *c, mxc_tile *t, int bits, int dt, int64_t rows, int64_
             ce = dalloc(&c->mm.sum, (size_t)(nr * (nl / 32)) * sizeof(float));
         if (ce == cudaSuccess)
             ce = dalloc(&c->mm.dx, (size_t)nr * sizeof(float));
+        if (ce == cudaSuccess)   /* split-K partials of a small matrix (a router) */
+            ce = dalloc(&c->mm.part, (size_t)MM_PART_CAP * sizeof(float));
         if (ce != cudaSuccess) {
             mm_free(c);
             cu_fail(e, ce, "cudaMalloc");
@@ -657,6 +664,7 @@ static int mm_use(cu_ctx *c, mxc_tile *t, int bits, int dt, int64_t rows, int64_
         }
         c->mm_rows = nr;
         c->mm.ld = nl;
+        c->mm.part_cap = MM_PART_CAP;
     }
     t->mma = bits;
     t->mma_dt = dt;
@@ -674,11 +682,21 @@ static int linear(call *k, int mi, const float *X, int64_t ldx, float *Y, int64_
         return MX_OK;
     }
     mxc_tile t = {.table = c->d_mats, .plain = {mi, mi, 0, T}, .max_rows = c->mats[mi].rows,
-                  .X = X, .ldx = ldx, .Y = Y, .ldy = ldy, .prep_rows = T, .prep_k = c->mats[mi].cols};
+                  .X = X, .ldx = ldx, .Y = Y, .ldy = ldy, .prep_rows = T, .prep_k = c->mats[mi].cols,
+                  .table_gs = c->mats[mi].gs};
     if (mm_use(c, &t, c->mats[mi].bits, c->mats[mi].dt, T, c->mats[mi].cols, e) < 0)
         return e->code;
     KL(mxc_tile_run(c->st, &t));
     return MX_OK;
+}
+
+/* 1 when a prompt's q, k and v projections go through the tensor cores
+ * in one launch: all three 4- or 8-bit with one scale dtype. */
+static int qkv_one_launch(const cu_ctx *c, const cu_layer *cl)
+{
+    const mxc_mat *q = &c->mats[cl->qi], *k = &c->mats[cl->ki], *v = &c->mats[cl->vi];
+    return c->mma_on && (q->bits == 4 || q->bits == 8) && k->bits == q->bits && v->bits == q->bits &&
+           k->dt == q->dt && v->dt == q->dt;
 }
 
 /* The attention block of layer l; nin (one token, fused norms): the q/k/v
@@ -698,6 +716,18 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
             KL(mxc_matvec_stream(c->st, &mv, NULL, nin, NULL, NULL));
         else
             KL(mxc_matvec(c->st, &mv, b->xn, d, T));
+    } else if (qkv_one_launch(c, cl)) {   /* q, k, v through the tensor cores in one launch */
+        const mxc_mat *mq = &c->mats[cl->qi];
+        int64_t mr = mq->rows;
+        mr = c->mats[cl->ki].rows > mr ? c->mats[cl->ki].rows : mr;
+        mr = c->mats[cl->vi].rows > mr ? c->mats[cl->vi].rows : mr;
+        mxc_tile t = {.table = c->d_mats, .plain = {cl->qi, cl->qi, 0, T}, .max_rows = mr, .X = b->xn, .ldx = d,
+                      .Y = b->q, .ldy = a->q.rows, .prep_rows = T, .prep_k = d, .table_gs = mq->gs, .pn = 3,
+                      .pm = {cl->qi, cl->ki, cl->vi}, .py = {b->q, b->k, b->v},
+                      .pldy = {a->q.rows, a->kv_dim, a->kv_dim}};
+        if (mm_use(c, &t, mq->bits, mq->dt, T, d, e) < 0)
+            return e->code;
+        KL(mxc_tile_run(c->st, &t));
     } else {
         int rc;
         if ((rc = linear(k, cl->qi, b->xn, d, b->q, a->q.rows, T, e)) ||
@@ -870,8 +900,10 @@ static int moe_many(call *k, int l, mx_err *e)
      * on the tensor cores) */
     const int mm = c->mma_on && cl->s_bits, tile = mm ? MXC_MM_T : MXC_TILE_T;
     mxc_item *gu = c->h_items, *dn = c->h_items + (npair + kinds + 1);
-    int n_items = 0, start = 0;
+    int n_items = 0, start = 0, n_routed = 0;
     for (int x = 0; x < kinds; x++) {
+        if (x == cl->E)
+            n_routed = n_items;
         for (int o = start; o < cnt[x]; o += tile) {
             const int n = cnt[x] - o < tile ? cnt[x] - o : tile, base = cl->table + 3 * x;
             gu[n_items] = (mxc_item){base, base + 1, o, n};
@@ -898,7 +930,21 @@ static int moe_many(call *k, int l, mx_err *e)
             mm_use(c, &t2, cl->s_bits, cl->s_dt, npair > T ? npair : T, ld, e) < 0)
             return e->code;
     }
-    KL(mxc_tile_run(c->st, &t1));
+    if (mm && cl->n_extra > 0 && n_routed > 0 && n_routed < n_items && cl->dff < cl->ff_max) {
+        /* the routed experts' gate/up apart from the wider extra MLPs (a
+         * shared expert 4x wider): a grid as wide as the widest would
+         * launch mostly blocks past the routed experts' rows */
+        mxc_tile ta = t1, tb = t1;
+        ta.n_items = n_routed;
+        ta.max_rows = cl->dff;
+        tb.items = b->items + n_routed;
+        tb.n_items = n_items - n_routed;
+        tb.skip_prep = 1;   /* the same rows of X, split by ta */
+        KL(mxc_tile_run(c->st, &ta));
+        KL(mxc_tile_run(c->st, &tb));
+    } else {
+        KL(mxc_tile_run(c->st, &t1));
+    }
     KL(mxc_tile_run(c->st, &t2));
     KL(mxc_combine(c->st, b->Y, b->W, T, Kp, d, b->ffn));
     return MX_OK;
@@ -916,7 +962,8 @@ static int mlp_many(call *k, int l, mx_err *e)
                    .X = b->xn, .ldx = d, .Y = b->H, .ldy = ff, .dual = 1,
                    .act = c->m->act == MX_ACT_GELU_TANH, .prep_rows = k->T, .prep_k = d};
     mxc_tile t2 = {.table = c->d_mats, .plain = {cl->table + 2, cl->table + 2, 0, k->T}, .max_rows = d,
-                   .X = b->H, .ldx = ff, .Y = b->ffn, .ldy = d, .prep_rows = k->T, .prep_k = ff};
+                   .X = b->H, .ldx = ff, .Y = b->ffn, .ldy = d, .prep_rows = k->T, .prep_k = ff,
+                   .table_gs = c->mats[cl->table + 2].gs};
     const int64_t ld = ff > d ? ff : d;
     if (mm_use(c, &t1, cl->s_bits, cl->s_dt, k->T, ld, e) < 0 || mm_use(c, &t2, cl->s_bits, cl->s_dt, k->T, ld, e) < 0)
         return e->code;

@@ -117,6 +117,8 @@ typedef struct mxc_mmx {
     float *sum;                  /* [rows][ld / 32] */
     float *dx;                   /* [rows] */
     int64_t ld;
+    float *part;                 /* split-K partial sums, part_cap floats */
+    int64_t part_cap;
 } mxc_mmx;
 typedef struct mxc_tile {
     const mxc_mat *table;        /* device */
@@ -139,6 +141,16 @@ typedef struct mxc_tile {
     int mma, mma_dt;
     mxc_mmx mm;
     int64_t prep_rows, prep_k;
+    int64_t table_gs;            /* plain tiles: the matrix's group size (split-K in whole groups) */
+    /* mma plain tiles of pn > 1 matrices of the same X in one launch
+     * (q, k, v): matrix k > 0 is table[pm[k]] into py[k] (ldy pldy[k]);
+     * matrix 0 is plain.m0 into Y; max_rows the most rows of any */
+    int pn;
+    int pm[4];
+    float *py[4];
+    int64_t pldy[4];
+    int splits;                  /* set by mxc_tile_run */
+    int skip_prep;               /* mma: mm already holds X split (an earlier launch's prep) */
 } mxc_tile;
 int mxc_tile_run(cudaStream_t st, const mxc_tile *t);
 

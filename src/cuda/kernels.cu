@@ -767,6 +767,12 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 
+__device__ __forceinline__ void cp_async16ca(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
 {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -796,14 +802,24 @@ __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b
 template <int BITS, int I>
 __device__ __forceinline__ uint32_t mm_pair(const uint32_t *w)
 {
+    const __half2 k1024 = __half2half2(__ushort_as_half((unsigned short)0x6400));
     uint32_t v;
     if constexpr (BITS == 4) {
-        v = ((w[0] >> (4 * I)) & 0x000F000Fu) | 0x64006400u;
+        /* odd pairs keep the nibble where it is (16 q under the exponent)
+         * and scale it back with an FMA: no shift for pairs 1 and 3 */
+        const uint32_t x = I < 2 ? w[0] : w[0] >> 8;
+        if constexpr (I & 1) {
+            v = (x & 0x00F000F0u) | 0x64006400u;
+            const __half2 h = __hfma2(*(const __half2 *)&v, __half2half2(__ushort_as_half((unsigned short)0x2C00)),
+                                      __half2half2(__ushort_as_half((unsigned short)0xD400)));
+            return *(const uint32_t *)&h;
+        }
+        v = (x & 0x000F000Fu) | 0x64006400u;
     } else {
         const uint32_t t = __byte_perm(w[0], w[1], I < 2 ? 0x5140 : 0x7362);
         v = __byte_perm(t, 0x64646464u, (I & 1) ? 0x4342 : 0x4140);
     }
-    const __half2 h = __hsub2(*(const __half2 *)&v, __half2half2(__ushort_as_half((unsigned short)0x6400)));
+    const __half2 h = __hsub2(*(const __half2 *)&v, k1024);
     return *(const uint32_t *)&h;
 }
 
@@ -851,12 +867,21 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     __shared__ int64_t xrows[MXC_MM_T];
     pdl_enter();
     mxc_item it;
+    float *Yo = a.Y;
+    int64_t ldyo = a.ldy;
     if (a.items) {
         it = a.items[blockIdx.y];
     } else {
+        /* plain: token tile y % tiles of matrix y / tiles (pn matrices of one X) */
+        const int tiles = (a.plain.n + MXC_MM_T - 1) / MXC_MM_T, k = (int)blockIdx.y / tiles;
         it = a.plain;
-        it.off = blockIdx.y * MXC_MM_T;
+        it.off = ((int)blockIdx.y - k * tiles) * MXC_MM_T;
         it.n = min(MXC_MM_T, a.plain.n - it.off);
+        if (k > 0) {
+            it.m0 = it.m1 = a.pm[k];
+            Yo = a.py[k];
+            ldyo = a.pldy[k];
+        }
     }
     const mxc_mat M0 = a.table[it.m0];
     const mxc_mat M1 = a.dual ? a.table[it.m1] : M0;
@@ -882,6 +907,10 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     const __half *xhi = (const __half *)a.mm.hi, *xlo = (const __half *)a.mm.lo;
     const int64_t ldr = a.mm.ld, lds = a.mm.ld >> 5;
     __syncthreads();
+    /* split-K (a.splits > 1, plain single tiles): this block's chunks
+     * [cbeg, cend), whole groups */
+    const int ngr = nch / cpg, cps = (ngr + a.splits - 1) / a.splits * cpg;
+    const int cbeg = (int)blockIdx.z * cps, cend = min(nch, cbeg + cps);
 
     /* stage s of the K loop into buffer s & 1 */
     auto load = [&](int s) {
@@ -889,7 +918,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         __half *Xs = (__half *)base;
         float *Ss = (float *)(base + XH * 2);
         uint32_t *Ws = (uint32_t *)(base + XH * 2 + MXC_MM_T * MM_KC * 4);
-        const int c0 = s * MM_KC, kc = min(MM_KC, nch - c0);
+        const int c0 = cbeg + s * MM_KC, kc = min(MM_KC, cend - c0);
 #pragma unroll
         for (int k = 0; k < MM_R * PPR / MM_THREADS; k++) {
             const int i = k * MM_THREADS + tid, r = i / PPR, pc = i % PPR;
@@ -927,8 +956,8 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = tot[m][n][i] = 0.0f;
 
-    const int ns = (nch + MM_KC - 1) / MM_KC;
-    int gc = 0, grp = 0;   /* chunks of the current group seen, its index */
+    const int ns = (cend - cbeg + MM_KC - 1) / MM_KC;
+    int gc = 0, grp = cbeg / cpg;   /* chunks of the current group seen, its index */
     float sx[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
     /* the scales and biases of the lane's 4 rows for the current group,
      * loaded a group ahead (an L2 round trip per group otherwise stalls
@@ -940,8 +969,8 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             srow[m][h] = min(wrow0 + m * 16 + g + 8 * h, wrows - 1) * gpr;
-            rs[m][h] = ldraw_t<DT>(ws, srow[m][h]);
-            rb[m][h] = ldraw_t<DT>(wb, srow[m][h]);
+            rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + grp);
+            rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + grp);
         }
     load(0);
     for (int s = 0; s < ns; s++) {
@@ -956,7 +985,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         const __half *Xs = (const __half *)base;
         const float *Ss = (const float *)(base + XH * 2);
         const uint32_t *Ws = (const uint32_t *)(base + XH * 2 + MXC_MM_T * MM_KC * 4);
-        const int kc = min(MM_KC, nch - s * MM_KC);
+        const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
         for (int cc = 0; cc < kc; cc++) {
             uint32_t w[2][2][BITS == 4 ? 1 : 2];
 #pragma unroll
@@ -1045,6 +1074,24 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
             dxv[n][e] = xr >= 0 ? a.mm.dx[xr] : 0.0f;
             orow[n][e] = xr >= 0 ? (a.out_list ? a.out_list[it.off + lt] : it.off + lt) : -1;
         }
+    if (a.splits > 1) {   /* partial sums, added in split order by k_mm_sum */
+        float *P = a.mm.part + (int64_t)blockIdx.z * a.plain.n * M0.rows;
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t r = wrow0 + m * 16 + g + 8 * h;
+                if (r >= M0.rows)
+                    continue;
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (orow[n][e] >= 0)
+                            P[orow[n][e] * M0.rows + r] = dxv[n][e] * tot[m][n][2 * h + e];
+            }
+        return;
+    }
     if (!a.dual) {
 #pragma unroll
         for (int m = 0; m < 2; m++)
@@ -1059,7 +1106,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 #pragma unroll
                     for (int e = 0; e < 2; e++)
                         if (orow[n][e] >= 0)
-                            a.Y[orow[n][e] * a.ldy + r] = dxv[n][e] * tot[m][n][2 * h + e] + bias;
+                            Yo[orow[n][e] * ldyo + r] = dxv[n][e] * tot[m][n][2 * h + e] + bias;
             }
         return;
     }
@@ -1091,6 +1138,23 @@ static size_t mm_smem(int bits)
     return 2 * (size_t)(2 * MXC_MM_T * MM_XP * 2 + MXC_MM_T * MM_KC * 4 + MM_R * wst * 4);
 }
 
+static int sm_count(void);
+
+/* Y[t][r] = sum over splits of the partials (in split order) + bias. */
+__global__ void k_mm_sum(mxc_tile a)
+{
+    pdl_enter();
+    const mxc_mat M = a.table[a.plain.m0];
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = (int64_t)a.plain.n * M.rows;
+    if (i >= n)
+        return;
+    const int64_t t = i / M.rows, r = i - t * M.rows;
+    float v = 0.0f;
+    for (int z = 0; z < a.splits; z++)
+        v += a.mm.part[z * n + i];
+    a.Y[t * a.ldy + r] = v + (M.bias ? M.bias[r] : 0.0f);
+}
+
 template <int BITS, int DT>
 static int launch_mm(cudaStream_t st, const mxc_tile *t, unsigned ny)
 {
@@ -1101,17 +1165,44 @@ static int launch_mm(cudaStream_t st, const mxc_tile *t, unsigned ny)
         attr_set = 1;
     }
     const int64_t rb = t->dual ? MM_R / 2 : MM_R;
-    dim3 grid((unsigned)((t->max_rows + rb - 1) / rb), ny);
-    return launch_k(k_mm<BITS, DT>, grid, MM_THREADS, smem, st, 1, *t);
+    const unsigned nx = (unsigned)((t->max_rows + rb - 1) / rb);
+    /* a grid too small for the GPU (a router, a one-row gate): split K in
+     * whole groups over up to 16 blocks per tile */
+    mxc_tile u = *t;
+    u.splits = 1;
+    if (!t->items && !t->dual && t->pn <= 1 && t->mm.part && t->table_gs > 0) {
+        const int64_t blocks = (int64_t)nx * ny, want = sm_count();
+        if (blocks * 2 > want)   /* splitting o_proj's 256 blocks measured slower */
+            goto run;
+        const int64_t groups = t->prep_k / t->table_gs;
+        int64_t sp = blocks < want ? (want + blocks - 1) / blocks : 1;
+        sp = sp > 16 ? 16 : sp;
+        sp = sp > groups ? groups : sp;
+        while (sp > 1 && sp * t->plain.n * t->max_rows > t->mm.part_cap)
+            sp--;
+        if (sp > 1) {
+            /* whole groups per split */
+            const int64_t gps = (groups + sp - 1) / sp;
+            u.splits = (int)((groups + gps - 1) / gps);
+        }
+    }
+run:;
+    dim3 grid(nx, ny, (unsigned)u.splits);
+    int rc = launch_k(k_mm<BITS, DT>, grid, MM_THREADS, smem, st, 1, u);
+    if (rc || u.splits == 1)
+        return rc;
+    const int64_t n = (int64_t)t->plain.n * t->max_rows;
+    return launch_k(k_mm_sum, (unsigned)((n + 255) / 256), 256, 0, st, 1, u);
 }
 
 static int mm_run(cudaStream_t st, const mxc_tile *t)
 {
-    const unsigned ny = (unsigned)(t->items ? t->n_items : (t->plain.n + MXC_MM_T - 1) / MXC_MM_T);
+    const unsigned ny = (unsigned)(t->items ? t->n_items
+                                            : (t->plain.n + MXC_MM_T - 1) / MXC_MM_T * (t->pn > 1 ? t->pn : 1));
     if (ny == 0)
         return 0;
     const dim3 np = t->prep_rows > 0 ? dim3((unsigned)t->prep_rows) : dim3((unsigned)t->n_items, MXC_MM_T);
-    int rc = launch_k(k_mm_prep, np, 128, 0, st, 1, *t);
+    int rc = t->skip_prep ? 0 : launch_k(k_mm_prep, np, 128, 0, st, 1, *t);
     if (rc)
         return rc;
 #define MXC_MM(B, D) \
@@ -1574,12 +1665,14 @@ __global__ void k_att_combine(mxc_att a)
  * A block takes ATT_QT consecutive tokens of one head and walks the
  * positions their queries reach in tiles of ATT_KT keys (flash-attention
  * style, online softmax in fp32): each key and value row is read once per
- * query tile instead of once per query.  Thread (q, g) (q = tid / 8, g =
- * tid % 8) scores keys g, g + 8, ... of the tile against query q and owns
- * dims g*4 + 32 i of that query's output; the 8 threads of a query are
- * adjacent lanes, so its running max and sum are shuffled among them. */
+ * query tile instead of once per query.  Thread (p, j) (p = tid / 16, j =
+ * tid % 16) scores queries 2p, 2p + 1 against keys j, j + 16, j + 32, j +
+ * 48 of the tile (each loaded float4 used 2 or 4 times: the kernel is
+ * bound by shared-memory loads) and owns dims 4 (j + 16 i) .. of those two
+ * queries' outputs; the 16 threads of a query pair are adjacent lanes, so
+ * their running maxima and sums are shuffled among them. */
 #define ATT_QT 32
-#define ATT_KT 32
+#define ATT_KT 64
 
 __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
 {
@@ -1589,19 +1682,25 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
     float4 *Qs = smem_f4, *Ks = Qs + ATT_QT * hp, *Vs = Ks + ATT_KT * hp;
     float *Ps = (float *)(Vs + ATT_KT * hp);         /* [ATT_QT][ATT_KT + 1] */
     const int h = blockIdx.x, t0 = blockIdx.y * ATT_QT, tid = threadIdx.x;
-    const int q = tid >> 3, g = tid & 7, t = t0 + q;
+    const int pq = tid >> 4, j = tid & 15;
     const int kvh = h / (a.nh / a.nkv);
-    const bool valid = t < a.T;
-    const int pos = valid ? a.pos[t] : -1;
-    const int start = valid && a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    bool valid[2];
+    int pos[2], start[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int t = t0 + 2 * pq + u;
+        valid[u] = t < a.T;
+        pos[u] = valid[u] ? a.pos[t] : -1;
+        start[u] = valid[u] && a.window && pos[u] - a.window + 1 > 0 ? pos[u] - a.window + 1 : 0;
+    }
     /* the positions any query of the tile reaches */
     __shared__ int range[2];
     if (tid == 0) {
         int lo = INT_MAX, hi = -1;
         for (int i = 0; i < ATT_QT && t0 + i < a.T; i++) {
             const int p = a.pos[t0 + i];
-            const int s = a.window && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-            lo = min(lo, s);
+            const int s0 = a.window && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+            lo = min(lo, s0);
             hi = max(hi, p);
         }
         range[0] = lo, range[1] = hi;
@@ -1615,11 +1714,13 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
     const int lo = range[0], hi = range[1];
     const float4 *K = (const float4 *)(a.kc + (int64_t)kvh * a.n_ctx * hd);
     const float4 *V = (const float4 *)(a.vc + (int64_t)kvh * a.n_ctx * hd);
-    float4 o[8];
+    float4 o[2][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        o[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float m = -INFINITY, l = 0.0f;
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            o[u][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     for (int k0 = lo - lo % ATT_KT; k0 <= hi; k0 += ATT_KT) {
         for (int i = tid; i < ATT_KT * h4; i += 256) {
             const int kk = i / h4, d = i - kk * h4;
@@ -1628,60 +1729,81 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
             Vs[kk * hp + d] = V[(int64_t)p * h4 + d];
         }
         __syncthreads();
-        float s[ATT_KT / 8];
-        float tmax = -INFINITY;
+        float s[2][4];
 #pragma unroll
-        for (int j = 0; j < ATT_KT / 8; j++) {
-            const int kk = g + 8 * j, p = k0 + kk;
-            float d = 0.0f;
-            for (int i = 0; i < h4; i++) {
-                const float4 qv = Qs[q * hp + i], kv = Ks[kk * hp + i];
-                d += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                s[u][c] = 0.0f;
+        const float4 *q0 = Qs + (2 * pq) * hp, *q1 = q0 + hp;
+        for (int i = 0; i < h4; i++) {
+            const float4 qa = q0[i], qb = q1[i];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float4 kv = Ks[(j + 16 * c) * hp + i];
+                s[0][c] += qa.x * kv.x + qa.y * kv.y + qa.z * kv.z + qa.w * kv.w;
+                s[1][c] += qb.x * kv.x + qb.y * kv.y + qb.z * kv.z + qb.w * kv.w;
             }
-            s[j] = valid && p >= start && p <= pos ? d * a.scale : -INFINITY;
-            tmax = fmaxf(tmax, s[j]);
         }
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
-        const float mn = fmaxf(m, tmax);
-        const float corr = mn == -INFINITY ? 1.0f : expf(m - mn);
-        float ps = 0.0f;
+        float corr[2];
 #pragma unroll
-        for (int j = 0; j < ATT_KT / 8; j++) {
-            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - mn);
-            Ps[q * (ATT_KT + 1) + g + 8 * j] = e;
-            ps += e;
+        for (int u = 0; u < 2; u++) {
+            float tmax = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int p = k0 + j + 16 * c;
+                s[u][c] = valid[u] && p >= start[u] && p <= pos[u] ? s[u][c] * a.scale : -INFINITY;
+                tmax = fmaxf(tmax, s[u][c]);
+            }
+#pragma unroll
+            for (int x = 1; x < 16; x <<= 1)
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, x));
+            const float mn = fmaxf(m[u], tmax);
+            corr[u] = mn == -INFINITY ? 1.0f : expf(m[u] - mn);
+            float ps = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float e = s[u][c] == -INFINITY ? 0.0f : expf(s[u][c] - mn);
+                Ps[(2 * pq + u) * (ATT_KT + 1) + j + 16 * c] = e;
+                ps += e;
+            }
+#pragma unroll
+            for (int x = 1; x < 16; x <<= 1)
+                ps += __shfl_xor_sync(0xffffffffu, ps, x);
+            l[u] = l[u] * corr[u] + ps;
+            m[u] = mn;
         }
-        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-        ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-        ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-        l = l * corr + ps;
-        m = mn;
         __syncwarp();
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if (g + 8 * i < h4) {
-                float4 acc = o[i];
-                acc.x *= corr, acc.y *= corr, acc.z *= corr, acc.w *= corr;
+        for (int i = 0; i < 4; i++) {
+            if (j + 16 * i < h4) {
+                float4 a0 = o[0][i], a1 = o[1][i];
+                a0.x *= corr[0], a0.y *= corr[0], a0.z *= corr[0], a0.w *= corr[0];
+                a1.x *= corr[1], a1.y *= corr[1], a1.z *= corr[1], a1.w *= corr[1];
+                const float *p0 = Ps + (2 * pq) * (ATT_KT + 1), *p1 = p0 + ATT_KT + 1;
+#pragma unroll 8
                 for (int kk = 0; kk < ATT_KT; kk++) {
-                    const float w = Ps[q * (ATT_KT + 1) + kk];
-                    const float4 v = Vs[kk * hp + g + 8 * i];
-                    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+                    const float w0 = p0[kk], w1 = p1[kk];
+                    const float4 v = Vs[kk * hp + j + 16 * i];
+                    a0.x += w0 * v.x, a0.y += w0 * v.y, a0.z += w0 * v.z, a0.w += w0 * v.w;
+                    a1.x += w1 * v.x, a1.y += w1 * v.y, a1.z += w1 * v.z, a1.w += w1 * v.w;
                 }
-                o[i] = acc;
+                o[0][i] = a0, o[1][i] = a1;
             }
         }
         __syncthreads();
     }
-    if (!valid)
-        return;
-    float4 *out = (float4 *)(a.out + ((int64_t)t * a.nh + h) * hd);
-    const float inv = 1.0f / l;
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (g + 8 * i < h4)
-            out[g + 8 * i] = make_float4(o[i].x * inv, o[i].y * inv, o[i].z * inv, o[i].w * inv);
+    for (int u = 0; u < 2; u++) {
+        if (!valid[u])
+            continue;
+        float4 *out = (float4 *)(a.out + ((int64_t)(t0 + 2 * pq + u) * a.nh + h) * hd);
+        const float inv = 1.0f / l[u];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (j + 16 * i < h4)
+                out[j + 16 * i] = make_float4(o[u][i].x * inv, o[u][i].y * inv, o[u][i].z * inv, o[u][i].w * inv);
+    }
 }
 
 static int attend_tiles(cudaStream_t st, const mxc_att *a)
@@ -1690,7 +1812,7 @@ static int attend_tiles(cudaStream_t st, const mxc_att *a)
     const size_t smem = (size_t)(ATT_QT + 2 * ATT_KT) * hp * 16 + ATT_QT * (ATT_KT + 1) * 4;
     static int attr_set;
     if (!attr_set) {
-        cudaFuncSetAttribute(k_attend_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+        cudaFuncSetAttribute(k_attend_tile, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
         attr_set = 1;
     }
     dim3 grid((unsigned)a->nh, (unsigned)((a->T + ATT_QT - 1) / ATT_QT));
