@@ -1188,9 +1188,10 @@ rp_block(const mx_qmat *m, const uint8_t *tile, int64_t g0, int64_t g1, const rp
  * matmul_rows_prepped: that chunk of x stays in L2 while every tile of the
  * range runs over it), added to Y per chunk whatever the source, so that
  * one token's result is the same bits on every path. */
-static int rp3_mode_get(void) { const char *e = getenv("RP3_MODE"); return e ? atoi(e) : 1; }
-#define RP3_MODE rp3_mode_get()
-#define RP3_ONLY4 (LV == 3 && (RP3_MODE == 2 || (RP3_MODE == 1 && XS == XS_VECS)))
+/* Three levels from the prepared vectors (T <= 16) in blocks of at most 4
+ * tokens, each in one pass (rp_group3); the prefill block in blocks of 12,
+ * a level at a time, as the tile kernel. */
+#define RP3_ONLY4 (LV == 3 && XS == XS_VECS)
 static inline __attribute__((always_inline)) void
 rp_rows_gs(const mx_qmat *m, const rpsrc *X, int64_t T, float *Y, int64_t ldy, int64_t ybase,
            int64_t r0, int64_t r1, const int gs, const int LV, const int XS)
