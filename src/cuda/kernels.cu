@@ -797,6 +797,16 @@ __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* d = a b (no accumulator in: a group's first MMA, so the fold at the
+ * group's end need not zero the accumulators). */
+__device__ __forceinline__ void mma16816z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%10, %10, %10, %10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
 /* f16 pair i of a chunk row's words (see above): values i and i + 4 of the
  * lane's 8. */
 template <int BITS, int I>
@@ -865,6 +875,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     constexpr int STAGE = XH * 2 + MXC_MM_T * MM_KC * 4 + MM_R * WST * 4;   /* bytes of a stage */
     extern __shared__ float4 smem_f4[];
     __shared__ int64_t xrows[MXC_MM_T];
+    __shared__ int64_t xoff[MXC_MM_T];   /* xrows * ld: the row's first half in mm.hi / mm.lo */
     pdl_enter();
     mxc_item it;
     float *Yo = a.Y;
@@ -891,8 +902,10 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int wr = warp & 1, wt = warp >> 1;
-    if (tid < MXC_MM_T)
+    if (tid < MXC_MM_T) {
         xrows[tid] = tid < it.n ? (a.in_list ? a.in_list[it.off + tid] : it.off + tid) : -1;
+        xoff[tid] = xrows[tid] >= 0 ? xrows[tid] * a.mm.ld : -1;
+    }
     /* the warp's matrix (dual: gate or up), by fields (no local copy to index) */
     const bool w1 = a.dual && wr;
     const void *ws = w1 ? M1.s : M0.s, *wb = w1 ? M1.b : M0.b;
@@ -903,9 +916,8 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     const int cpg = (int)(wgs >> 5);                     /* chunks per group (gate and up may differ) */
     const int64_t wpr = M0.cols * BITS / 32;             /* words per row */
     const int ntv = min(4, max(0, (it.n - wt * 32 + 7) >> 3));   /* the warp's token tiles with tokens */
-    /* this thread's weight row pieces: row tid / PPR ... of each pass of MM_THREADS */
     const __half *xhi = (const __half *)a.mm.hi, *xlo = (const __half *)a.mm.lo;
-    const int64_t ldr = a.mm.ld, lds = a.mm.ld >> 5;
+    const int64_t lds = a.mm.ld >> 5;
     __syncthreads();
     /* split-K (a.splits > 1, plain single tiles): this block's chunks
      * [cbeg, cend), whole groups */
@@ -929,14 +941,21 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
                            (const uint32_t *)(m1 ? M1.w : M0.w) + gr * wpr + (int64_t)c0 * BITS + pc * 4);
             }
         }
-        /* 2 parts x 64 tokens x MM_KC * 4 pieces: a token row's pieces on consecutive lanes */
-        constexpr int XPC = MM_KC * 4;
-#pragma unroll 4
-        for (int k = 0; k < 2 * MXC_MM_T * XPC / MM_THREADS; k++) {
-            const int i = k * MM_THREADS + tid, rp = i / XPC, pc = i % XPC, lt = rp & (MXC_MM_T - 1);
-            const int64_t xr = xrows[lt];
-            if (xr >= 0 && pc < kc * 4)
-                cp_async16(Xs + rp * MM_XP + pc * 8, ((rp >= MXC_MM_T) ? xlo : xhi) + xr * ldr + c0 * 32 + pc * 8);
+        /* 2 parts x 64 tokens x 8 pieces: a token row's pieces on 8
+         * consecutive lanes (piece tid % 8 of rows tid / 8 + 16 k) */
+        static_assert(MM_KC == 2 && MM_THREADS == 128, "X staging assumes 8 pieces a row, 128 threads");
+        {
+            const int pc = tid & 7;
+            if (pc < kc * 4) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const int lt = (tid >> 3) + 16 * (k & 3);
+                    const int64_t xo = xoff[lt];
+                    if (xo >= 0)
+                        cp_async16(Xs + ((k >> 2) * MXC_MM_T + lt) * MM_XP + pc * 8,
+                                   ((k >> 2) ? xlo : xhi) + xo + c0 * 32 + pc * 8);
+                }
+            }
         }
         for (int i = tid; i < MXC_MM_T * MM_KC; i += MM_THREADS) {
             const int lt = i / MM_KC, cc = i % MM_KC;
@@ -1027,7 +1046,10 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
                         ldsm_x4(Xs + (part * MXC_MM_T + wt * 32 + n * 8 + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8, b);
 #pragma unroll
                         for (int m = 0; m < 2; m++) {
-                            mma16816(acc[m][n], af[0][m], b[0], b[1]);
+                            if (part == 0 && gc == 0)
+                                mma16816z(acc[m][n], af[0][m], b[0], b[1]);
+                            else
+                                mma16816(acc[m][n], af[0][m], b[0], b[1]);
                             mma16816(acc[m][n], af[1][m], b[2], b[3]);
                         }
                     }
@@ -1051,7 +1073,6 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 #pragma unroll
                             for (int i = 0; i < 4; i++) {
                                 tot[m][n][i] += sc[m][i >> 1] * acc[m][n][i] + bb[m][i >> 1] * sx[n][i & 1];
-                                acc[m][n][i] = 0.0f;
                             }
                     }
                     sx[n][0] = sx[n][1] = 0.0f;
