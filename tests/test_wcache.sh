@@ -74,6 +74,11 @@ for M in kjv syn; do
   check "$M: ids after the rebuild = ids without" 'cmp -s "$T/$M.ref" "$T/$M.t"'
   touch -r "$T/w.bak" "$w"
   gen "$T/$M" "$T/$M.t2" --repack auto > /dev/null   # back to the original mtime: rebuilt again
+  # the file replaced by a copy with the same size and time: another inode
+  cp -p "$w" "$w.new" && mv "$w.new" "$w"
+  gen "$T/$M" "$T/$M.i" --repack auto || bad "$M: run after a replaced file"
+  check "$M: a checkpoint file replaced (same size and time, another inode) makes it stale" \
+    'grep -q "is stale (checkpoint file .* changed (inode)" "$T/$M.i.err" && cmp -s "$T/$M.ref" "$T/$M.i"'
 
   # damaged cache files
   size=$(stat -c %s "$f")
