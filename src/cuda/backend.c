@@ -1355,6 +1355,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->m = m;
     c->graphable = 1;
     c->mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1);
+    mxc_set_qkv_warp(mx_env_flag("MLXCEL_CUDA_QKV_WARP", 1));
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);

@@ -169,6 +169,10 @@ int mxc_add(cudaStream_t st, float *x, const mxc_delta *delta, int T, int d);
  * (on unless MLXCEL_CUDA_PDL=0). */
 void mxc_set_pdl(int on);
 
+/* A prompt's q/k/v heads a warp each (on unless MLXCEL_CUDA_QKV_WARP=0;
+ * off: a block each, as one-token steps). */
+void mxc_set_qkv_warp(int on);
+
 /* After the q, k, v projections of T tokens: each q head clipped, normed
  * and rotated into qr [T][nh][hd]; each kv head's k (the same) and v
  * (clipped, v_norm) into the cache at the token's position. */

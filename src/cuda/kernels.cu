@@ -40,6 +40,11 @@ static int g_pdl = 1;
 
 extern "C" void mxc_set_pdl(int on) { g_pdl = on; }
 
+/* prompts' q/k/v heads a warp each (k_qkv_w) unless MLXCEL_CUDA_QKV_WARP=0 */
+static int g_qkv_warp = 1;
+
+extern "C" void mxc_set_qkv_warp(int on) { g_qkv_warp = on; }
+
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 #ifdef MXC_PDL_EARLY
 __device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
@@ -1502,8 +1507,118 @@ __global__ void k_qkv(mxc_qkv p)
     qkv_head(p, blockIdx.x, blockIdx.y, hv, nullptr);
 }
 
+__device__ __forceinline__ double warp_sumd(double v)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* qkv_head for many tokens with a warp per (token, head) instead of a
+ * block: value i of the head in lane i % 32, register i / 32, so a
+ * rotation's partner (i +- rope_dims / 2, a multiple of 32) is in the same
+ * lane.  The same arithmetic as qkv_head (the norms' sums in double); a
+ * prompt has thousands of heads, and a block each spent most of its time
+ * being scheduled. */
+template <int NJ>
+__global__ void __launch_bounds__(256) k_qkv_w(mxc_qkv p)
+{
+    pdl_enter();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nhe = p.nh + p.nkv;
+    const int64_t u = (int64_t)blockIdx.x * 8 + warp;
+    if (u >= (int64_t)p.T * nhe)
+        return;
+    const int t = (int)(u / nhe), h = (int)(u - (int64_t)t * nhe), hd = p.hd;
+    const int isq = h < p.nh, g = isq ? h : h - p.nh;
+    const int64_t kvd = (int64_t)p.nkv * hd;
+    const float *src = (isq ? p.q + t * p.q_rows : p.k + t * kvd) + (int64_t)g * hd;
+    const float c = p.clip;
+    float hv[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const float v = src[lane + 32 * j];
+        hv[j] = c > 0 ? fminf(fmaxf(v, -c), c) : v;
+    }
+    if (p.qk_norm == 1) {
+        const float *nw = isq ? p.q_norm : p.k_norm;
+        double ss = 0.0;
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            ss += (double)hv[j] * hv[j];
+        ss = warp_sumd(ss);
+        const float r = 1.0f / sqrtf((float)(ss / (double)hd) + p.eps);
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            hv[j] = nw[lane + 32 * j] * (hv[j] * r);
+    }
+    const int pos = p.pos[t], last = p.pos[p.T - 1];
+    const int longf = p.inv_freq_long && last + 1 > p.orig_max;
+    const float *f = longf ? p.inv_freq_long : p.inv_freq;
+    const float sc = longf ? p.mscale_long : p.mscale;
+    const int half = p.rope_dims / 2, hj = half / 32;
+    float *dst = isq ? p.qr + ((int64_t)t * p.nh + g) * hd : p.kc + ((int64_t)g * p.n_ctx + pos) * hd;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const int i = lane + 32 * j;
+        float o = hv[j];
+        if (j < hj) {
+            const float ang = (float)pos * f[i];
+            float pr = 0.0f;
+#pragma unroll
+            for (int q = 0; q < NJ; q++)
+                if (q == j + hj)
+                    pr = hv[q];
+            o = hv[j] * (cosf(ang) * sc) - pr * (sinf(ang) * sc);
+        } else if (j < 2 * hj) {
+            const float ang = (float)pos * f[i - half];
+            float pr = 0.0f;
+#pragma unroll
+            for (int q = 0; q < NJ; q++)
+                if (q == j - hj)
+                    pr = hv[q];
+            o = hv[j] * (cosf(ang) * sc) + pr * (sinf(ang) * sc);
+        }
+        dst[i] = o;
+    }
+    if (isq)
+        return;
+    const float *vs = p.v + t * kvd + (int64_t)g * hd;
+    float *vd = p.vc + ((int64_t)g * p.n_ctx + pos) * hd;
+    float vv[NJ];
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const float v = vs[lane + 32 * j];
+        vv[j] = c > 0 ? fminf(fmaxf(v, -c), c) : v;
+        ss += (double)vv[j] * vv[j];
+    }
+    float r = 1.0f;
+    if (p.v_norm) {
+        ss = warp_sumd(ss);
+        r = 1.0f / sqrtf((float)(ss / (double)hd) + p.eps);
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+        vd[lane + 32 * j] = p.v_norm ? vv[j] * r : vv[j];
+}
+
 int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
 {
+    const int half = p->rope_dims / 2;
+    if (p->T > 1 && p->hd % 32 == 0 && p->hd <= 256 && p->qk_norm != 2 && half % 32 == 0 && g_qkv_warp) {
+        const unsigned nb = (unsigned)(((int64_t)p->T * (p->nh + p->nkv) + 7) / 8);
+        switch (p->hd / 32) {
+        case 1: return launch_k(k_qkv_w<1>, nb, 256, 0, st, 1, *p);
+        case 2: return launch_k(k_qkv_w<2>, nb, 256, 0, st, 1, *p);
+        case 3: return launch_k(k_qkv_w<3>, nb, 256, 0, st, 1, *p);
+        case 4: return launch_k(k_qkv_w<4>, nb, 256, 0, st, 1, *p);
+        case 5: return launch_k(k_qkv_w<5>, nb, 256, 0, st, 1, *p);
+        case 6: return launch_k(k_qkv_w<6>, nb, 256, 0, st, 1, *p);
+        case 7: return launch_k(k_qkv_w<7>, nb, 256, 0, st, 1, *p);
+        default: return launch_k(k_qkv_w<8>, nb, 256, 0, st, 1, *p);
+        }
+    }
     dim3 grid((unsigned)p->T, (unsigned)(p->nh + p->nkv));
     return launch_k(k_qkv, grid, 128, sizeof(float) * (size_t)p->hd, st, 1, *p);
 }
