@@ -10,17 +10,21 @@
  *     equal under the margin rule, decode top-32 within 1e-3, the dispatch
  *     counts (prefill gather only; decode fused or gather as switched),
  *     a two-sequence batched step, and the CUDA graph step equal to the
- *     step without it;
+ *     step without it; batched steps of 2, 3, 8, 9 and 33 sequences at
+ *     different context lengths equal to each sequence's own one-token
+ *     step (batch_check);
  *   - every affine format through the matvec and tile kernels, and 4- and
  *     8-bit matrices of 20001 and 5001 x 2432 through the streaming
  *     matvec, against the CPU;
  *   - the families it does not support: attach fails naming the feature;
  *   - models/kjv-moe (trained): GPU logits against the CPU's for prompts of
  *     1, 5 (the matvec path) and 600 tokens (tiles, several attention
- *     splits), then 16 greedy steps. */
+ *     splits), then 16 greedy steps; its batched steps (batch_check),
+ *     fused MoE on and off. */
 #include "test.h"
 #include "fixture_cmp.h"
 
+#include <math.h>
 #include <stdint.h>
 
 #include "cuda/cuda.h"
@@ -45,6 +49,90 @@ static int takes_fused(const mx_moe_block *b)
     if (b->has_shared && mx_moe_fused_takes(&b->shared.gate, &b->shared.up, &b->shared.down))
         return 0;
     return 1;
+}
+
+/* A batched decode step of n sequences (mx_forward_batch: the n tokens
+ * through each linear together, k_matvec<8> for up to 8 and the tiles
+ * above, the experts grouped as for a prompt, the attention per sequence)
+ * against each sequence's own one-token step (mx_forward: the streaming
+ * kernels, the CUDA graph): sequence i has a prompt of its own length
+ * (1 .. 23 tokens, so different context lengths and positions in one
+ * step), a twin sequence B[i] with the same prompt steps alone; for
+ * `steps` steps both get B's greedy id, and each step's logits must agree
+ * within 1e-3 (the file's GPU tolerance) with the same argmax wherever B's
+ * top two are 1e-3 apart or more.  Returns the largest difference. */
+static double batch_check(mx_model *m, const char *name, int n, int steps)
+{
+    const int V = m->vocab, Lmax = 23;
+    mx_err e = {0};
+    mx_seq **A = calloc((size_t)n, sizeof *A), **B = calloc((size_t)n, sizeof *B);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n), *prompt = malloc(sizeof(int32_t) * Lmax);
+    float *la = malloc(sizeof(float) * (size_t)n * V), *lb = malloc(sizeof(float) * (size_t)n * V);
+    double worst = 0;
+    int same = 1;
+    unsigned long long seed = 0x5eedull + (unsigned long long)n;
+    if (!A || !B || !tok || !prompt || !la || !lb) {
+        CHECKF(0, "%s batch %d: out of memory", name, n);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        const int L = 1 + (i * 7 + n) % Lmax;
+        for (int j = 0; j < L; j++)
+            prompt[j] = (int32_t)(test_rand_u64(&seed) % (unsigned long long)V);
+        CHECK_OK(mx_seq_new(m, Lmax + steps + 2, &A[i], &e), &e);
+        CHECK_OK(mx_seq_new(m, Lmax + steps + 2, &B[i], &e), &e);
+        if (!A[i] || !B[i])
+            goto out;
+        CHECK_OK(mx_forward(m, A[i], prompt, L, NULL, NULL, &e), &e);
+        CHECK_OK(mx_forward(m, B[i], prompt, L, lb + (size_t)i * V, NULL, &e), &e);
+        tok[i] = argmax(lb + (size_t)i * V, V);
+    }
+    for (int st = 0; st < steps; st++) {
+        for (int i = 0; i < n; i++)
+            CHECK_OK(mx_forward(m, B[i], &tok[i], 1, lb + (size_t)i * V, NULL, &e), &e);
+        CHECK_OK(mx_forward_batch(m, A, tok, n, la, &e), &e);
+        for (int i = 0; i < n; i++) {
+            const float *a = la + (size_t)i * V, *b = lb + (size_t)i * V;
+            const double d = max_abs_diff(a, b, (size_t)V);
+            worst = d > worst || d != d ? d : worst;
+            const int32_t ib = argmax(b, V);
+            float second = -INFINITY;
+            for (int v = 0; v < V; v++)
+                if (v != ib && b[v] > second)
+                    second = b[v];
+            if (b[ib] - second >= 1e-3f)
+                same &= argmax(a, V) == ib;
+            tok[i] = ib;
+        }
+        for (int i = 0; i < n; i++)
+            CHECKF(A[i]->pos == B[i]->pos, "%s batch %d: sequence %d at position %d, its twin at %d", name, n, i,
+                   A[i]->pos, B[i]->pos);
+    }
+    CHECKF(worst < 1e-3, "%s fused=%d: a batched step of %d differs from the one-token steps by %g", name,
+           mx_moe_fused_enabled(), n, worst);
+    CHECKF(same, "%s fused=%d: a batched step of %d changes a greedy id", name, mx_moe_fused_enabled(), n);
+out:
+    for (int i = 0; i < n; i++) {
+        if (A)
+            mx_seq_free(A[i]);
+        if (B)
+            mx_seq_free(B[i]);
+    }
+    free(A), free(B), free(tok), free(prompt), free(la), free(lb);
+    return worst;
+}
+
+/* batch_check for every batch size of the test. */
+static void batch_sizes(mx_model *m, const char *name)
+{
+    static const int ns[] = {2, 3, 8, 9, 33};
+    double worst = 0;
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        const double d = batch_check(m, name, ns[i], 4);
+        worst = d > worst ? d : worst;
+    }
+    fprintf(stderr, "%s fused=%d: batched steps of 2/3/8/9/33 vs one-token steps: largest difference %.2g\n",
+            name, mx_moe_fused_enabled(), worst);
 }
 
 static void run_fixture(const char *root, const char *name, int fused)
@@ -213,6 +301,7 @@ static void run_fixture(const char *root, const char *name, int fused)
     free(two);
     mx_seq_free(A);
     mx_seq_free(B);
+    batch_sizes(m, name);
     mx_seq_free(s);
     mx_seq_free(s2);
     free(hidden), free(router), free(all), free(logits), free(nograph);
@@ -383,6 +472,24 @@ out:
     mx_model_free(gpu);
 }
 
+/* The batched steps on the trained demo model, fused MoE on and off. */
+static void kjv_batch(const char *dir)
+{
+    mx_err e = {0};
+    mx_model *m = NULL;
+    CHECK_OK(mx_model_load(dir, &m, &e), &e);
+    if (!m)
+        return;
+    CHECK_OK(mx_device_select(m, "cuda", &e), &e);
+    if (m->backend)
+        for (int fused = 1; fused >= 0; fused--) {
+            mx_moe_set_fused(fused);
+            batch_sizes(m, "kjv-moe");
+        }
+    mx_moe_set_fused(-1);
+    mx_model_free(m);
+}
+
 int main(void)
 {
     char info[256];
@@ -404,6 +511,7 @@ int main(void)
         kjv(dir, 1, 8);
         kjv(dir, 5, 8);
         kjv(dir, 600, 16);
+        kjv_batch(dir);
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
     }

@@ -26,7 +26,7 @@
 
 static void help(FILE *f)
 {
-    fprintf(f, "usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [--compare-fused] [--json] [-t N]\n\n"
+    fprintf(f, "usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [--batch N] [--compare-fused] [--json] [-t N]\n\n"
                "Measures prefill of an N-token prompt and decode of N tokens (greedy, random prompt ids),\n"
                "after a warm-up that is not counted; reports min/median/max over the repeats.\n\n"
                "  -p, --prompt N      prompt tokens (default 128)\n"
@@ -39,6 +39,10 @@ static void help(FILE *f)
            "                      the bandwidth probe then measures the GPU's copy bandwidth\n"
                "      --compare-fused decode each repeat with the fused MoE kernel and with the gather\n"
                "                      path (order F G G F) and report both and their ratio\n"
+               "      --batch N       then N sequences, each with its own random prompt of -p tokens,\n"
+               "                      decode -n tokens together (one mx_forward_batch a step, as the\n"
+               "                      server does): aggregate tok/s (N x steps / time) and per sequence\n"
+               "                      (default 1: no batched run)\n"
                "      --bw-mb N       size of the bandwidth probe buffer, probed before and after the\n"
                "                      decode of every repeat (default 1024 MiB; 0 = skip)\n"
                "      --json          one JSON object on stdout\n");
@@ -177,6 +181,51 @@ static int decode_run(mx_model *m, mx_seq *s, const int32_t *prompt, int pos, in
     return MX_OK;
 }
 
+/* The batched decode: nb sequences, each with its own random prompt of np
+ * tokens (fed once, not timed), decode ng greedy steps together through
+ * mx_forward_batch, once per repeat from the prompts' end; *agg gets each
+ * repeat's aggregate tok/s (nb x ng / time). */
+static int batch_runs(mx_model *m, int nb, int np, int ng, int reps, series *agg, mx_err *e)
+{
+    const size_t V = (size_t)m->vocab;
+    mx_seq **seqs = calloc((size_t)nb, sizeof *seqs);
+    int32_t *prompts = malloc(sizeof(int32_t) * (size_t)nb * (size_t)np);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)nb);
+    float *logits = malloc(sizeof(float) * (size_t)nb * V);
+    int rc = MX_OK;
+    if (!seqs || !prompts || !ids || !logits)
+        rc = mx_fail(e, MX_ENOMEM, "bench --batch %d: out of memory", nb);
+    uint64_t seed = 0x2545f4914f6cdd1dull;
+    for (size_t i = 0; !rc && i < (size_t)nb * (size_t)np; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        prompts[i] = (int32_t)(seed % (uint64_t)V);
+    }
+    for (int i = 0; i < nb && !rc; i++)
+        if (!(rc = mx_seq_new(m, np + ng + 2, &seqs[i], e)))
+            rc = mx_forward(m, seqs[i], prompts + (size_t)i * (size_t)np, np, logits, NULL, e);
+    /* repeat 0 is the warm-up (scratch grown, kernels loaded), not counted */
+    for (int r = 0; r <= reps && !rc; r++) {
+        for (int i = 0; i < nb && !rc; i++) {
+            if (mx_seq_rewind(seqs[i], np) < np)   /* a recurrent state: the prompt again */
+                rc = mx_forward(m, seqs[i], prompts + (size_t)i * (size_t)np, np, NULL, NULL, e);
+            ids[i] = prompts[(size_t)i * (size_t)np + (size_t)np - 1];
+        }
+        const int steps = r == 0 ? (ng < 4 ? ng : 4) : ng;
+        const double t0 = mx_now();
+        for (int j = 0; j < steps && !rc; j++) {
+            rc = mx_forward_batch(m, seqs, ids, nb, logits, e);
+            for (int i = 0; i < nb && !rc; i++)
+                ids[i] = argmax(logits + (size_t)i * V, m->vocab);
+        }
+        if (!rc && r > 0)
+            push(agg, (double)nb * steps / (mx_now() - t0));
+    }
+    for (int i = 0; seqs && i < nb; i++)
+        mx_seq_free(seqs[i]);
+    free(seqs), free(prompts), free(ids), free(logits);
+    return rc;
+}
+
 /* The bandwidth of the memory the weights are read from: this machine's
  * (a threaded read), or the GPU's (a device copy, bytes read + written). */
 static double probe_bw(const mx_model *m, size_t bytes)
@@ -192,7 +241,7 @@ static void line(const char *what, const series *s)
 int cmd_bench(int argc, char **argv)
 {
     const char *dir = NULL;
-    long np = 128, ng = 64, reps = 3, bw_mb = 1024, v;
+    long np = 128, ng = 64, reps = 3, bw_mb = 1024, nbatch = 1, v;
     int compare = 0, json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *s;
@@ -225,6 +274,9 @@ int cmd_bench(int argc, char **argv)
             if (!(s = arg_value(argc, argv, &i)))
                 return 2;
             setenv("MLXCEL_DEVICE", s, 1);
+        } else if (!strcmp(a, "--batch")) {
+            if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 4096, &nbatch))
+                return 2;
         } else if (!strcmp(a, "--bw-mb")) {
             if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 0, 1 << 20, &bw_mb))
                 return 2;
@@ -345,6 +397,12 @@ int cmd_bench(int argc, char **argv)
     }
     if (compare)
         dec = fused;   /* the default path is the fused one */
+    series bat = {0};
+    if (nbatch > 1) {
+        if ((rc = batch_runs(m, (int)nbatch, (int)np, (int)ng, (int)reps, &bat, &e)))
+            goto fail;
+        fprintf(stderr, "bench: batch of %ld done\n", nbatch);
+    }
 
     double bw = med(&bws), roof = med(&roofs);
 
@@ -373,6 +431,13 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddNumberToObject(o, "decode_tok_s_fused", med(&fused));
             cJSON_AddNumberToObject(o, "decode_tok_s_gather", med(&gather));
             cJSON_AddNumberToObject(o, "fused_over_gather", med(&gather) > 0 ? med(&fused) / med(&gather) : 0);
+        }
+        if (nbatch > 1) {
+            cJSON_AddNumberToObject(o, "batch", (double)nbatch);
+            cJSON_AddNumberToObject(o, "batch_decode_tok_s", med(&bat));
+            cJSON_AddNumberToObject(o, "batch_decode_tok_s_min", mn(&bat));
+            cJSON_AddNumberToObject(o, "batch_decode_tok_s_max", mxv(&bat));
+            cJSON_AddNumberToObject(o, "batch_decode_tok_s_per_seq", med(&bat) / (double)nbatch);
         }
         cJSON_AddNumberToObject(o, "ttft_s", med(&ttft));
         cJSON_AddNumberToObject(o, "load_s", load_s);
@@ -403,6 +468,12 @@ int cmd_bench(int argc, char **argv)
             printf("fused / gather   %8.3f\n", med(&gather) > 0 ? med(&fused) / med(&gather) : 0);
         } else {
             line("decode", &dec);
+        }
+        if (nbatch > 1) {
+            char what[48];
+            snprintf(what, sizeof what, "decode batch %ld", nbatch);
+            line(what, &bat);
+            printf("  per sequence   %8.2f tok/s median (aggregate / %ld)\n", med(&bat) / (double)nbatch, nbatch);
         }
         printf("time to first    %8.3f s (prompt of %ld tokens)\n", med(&ttft), np);
         printf("load             %8.3f s\n", load_s);

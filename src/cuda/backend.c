@@ -22,6 +22,11 @@
  * (sigmoid, sparsemixer) take the GPU's logits to the host, route there
  * with moe/router.c and send the routes back.
  *
+ * A batched decode step (mx_forward_batch: n sequences, a token each) is
+ * one call of n rows, as a prompt of n tokens would be, except that each
+ * row's q/k/v heads and attention go to its own sequence's cache at its
+ * own position (a launch per sequence: attend_seq).
+ *
  * One-token steps whose routes all stay on the GPU are captured in a CUDA
  * graph per sequence (and per fused/gather choice) and replayed: the
  * token and position go in through pinned memory, the logits come back
@@ -617,7 +622,13 @@ typedef struct call {
     int fused;                   /* MLXCEL_FUSED_MOE */
     int graph;                   /* being captured: nothing may wait for the GPU */
     const mx_forward_trace *tr;
+    /* a batched decode step: token t is the next token of sequence seqs[t]
+     * (its own cache and position); NULL: the T tokens are q's */
+    cu_seq *const *seqs;
+    const int *pos_of;           /* [T] with seqs: each token's position */
 } call;
+
+static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e);
 
 /* Floats of split-K partial sums (16 MiB): a router of 256 rows x 1024
  * tokens split 16 ways. */
@@ -735,10 +746,35 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
             (rc = linear(k, cl->vi, b->xn, d, b->v, a->kv_dim, T, e)))
             return rc;
     }
+    int rc;
+    if (!k->seqs) {
+        rc = attend_seq(k, l, k->q, 0, T, k->last_pos, e);
+    } else {   /* a batched step: each token's heads and attention over its own sequence's cache */
+        rc = MX_OK;
+        for (int t = 0; t < T && !rc; t++)
+            rc = attend_seq(k, l, k->seqs[t], t, 1, k->pos_of[t], e);
+    }
+    if (rc)
+        return rc;
+    return linear(k, cl->oi, b->att, a->q_dim, b->out, d, T, e);
+}
+
+/* The q/k/v heads (norms, RoPE, k and v into q's cache) and the attention
+ * of rows t0 .. t0 + T - 1 of the call's q/k/v over sequence q's cache;
+ * last_pos is the furthest position of those rows. */
+static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    const mx_attn *a = &m->layers[l].attn;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const size_t r = (size_t)t0;
     const mx_rope *ro = &m->ropes[cl->rope];
-    float *kc = k->q->k + k->q->off[l], *vc = k->q->v + k->q->off[l];
-    mxc_qkv p = {.q = b->q, .k = b->k, .v = b->v, .q_rows = a->q.rows, .qr = b->qr, .kc = kc, .vc = vc,
-                 .n_ctx = k->q->n_ctx, .pos = b->pos, .T = T, .nh = a->n_heads, .nkv = a->n_kv,
+    float *kc = sq->k + sq->off[l], *vc = sq->v + sq->off[l];
+    mxc_qkv p = {.q = b->q + r * (size_t)a->q.rows, .k = b->k + r * (size_t)a->kv_dim,
+                 .v = b->v + r * (size_t)a->kv_dim, .q_rows = a->q.rows, .qr = b->qr + r * (size_t)a->q_dim,
+                 .kc = kc, .vc = vc, .n_ctx = sq->n_ctx, .pos = b->pos + r, .T = T, .nh = a->n_heads, .nkv = a->n_kv,
                  .hd = a->head_dim, .qk_norm = m->fam->qk_norm == MX_QK_NORM_HEAD ? 1
                                                : m->fam->qk_norm == MX_QK_NORM_FULL ? 2 : 0,
                  .q_norm = cl->q_norm, .k_norm = cl->k_norm, .eps = m->eps,
@@ -747,27 +783,27 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
                  .mscale = ro->mscale, .mscale_long = ro->mscale_long, .orig_max = ro->orig_max};
     if (T > 1 || !c->fuse_on)
         KL(mxc_qkv_post(c->st, &p));
-    mxc_att at = {.qr = b->qr, .kc = kc, .vc = vc, .n_ctx = k->q->n_ctx, .pos = b->pos, .T = T,
+    mxc_att at = {.qr = p.qr, .kc = kc, .vc = vc, .n_ctx = sq->n_ctx, .pos = p.pos, .T = T,
                   .nh = a->n_heads, .nkv = a->n_kv, .hd = a->head_dim, .window = a->window,
-                  .scale = a->scale, .out = b->att};
+                  .scale = a->scale, .out = b->att + r * (size_t)a->q_dim};
     if (T == 1) {   /* the sequence's partials cover its whole context (graphs replay at any position) */
-        at.part = k->q->part;
+        at.part = sq->part;
         at.cnt = c->att_cnt;
         at.fuse = c->fuse_on;
         at.qkv = p;
         at.span = MXC_ATT_SPAN_DECODE;
-        at.n_split = k->graph ? k->q->n_split : (k->last_pos + at.span) / at.span;
+        at.n_split = k->graph ? sq->n_split : (last_pos + at.span) / at.span;
     } else {
         at.tile = c->att_tile;
         at.span = MXC_ATT_SPAN_PROMPT;
-        at.n_split = (k->last_pos + at.span) / at.span;
+        at.n_split = (last_pos + at.span) / at.span;
         int rc = part_reserve(b, (size_t)T * (size_t)a->n_heads * (size_t)at.n_split * (size_t)(a->head_dim + 2), e);
         if (rc)
             return rc;
         at.part = b->part;
     }
     KL(mxc_attend(c->st, &at));
-    return linear(k, cl->oi, b->att, a->q_dim, b->out, d, T, e);
+    return MX_OK;
 }
 
 /* The dispatch rule of moe/dispatch.c for a layer's one-token steps: the
@@ -1239,6 +1275,70 @@ static int cu_forward(void *ctx, mx_seq *s, const int32_t *tokens, int n, float 
     return MX_OK;
 }
 
+/* One decode step of n sequences as one call of n rows: every linear,
+ * the routers and the experts (pairs grouped by expert, as for a prompt)
+ * and lm_head take the n rows together; only the q/k/v heads and the
+ * attention run per sequence, over its own cache at its own position. */
+static int cu_forward_batch(void *ctx, mx_seq *const *seqs, const int32_t *tokens, int n, float *logits,
+                            mx_err *e)
+{
+    cu_ctx *c = ctx;
+    const mx_model *m = c->m;
+    if (n == 1)
+        return cu_forward(ctx, seqs[0], tokens, 1, logits, NULL, e);
+    cu_seq **qs = calloc((size_t)n, sizeof *qs);
+    int *pos = malloc(sizeof *pos * (size_t)n);
+    int rc = MX_OK, last = 0;
+    if (!qs || !pos)
+        rc = mx_fail(e, MX_ENOMEM, "out of memory");
+    for (int i = 0; i < n && !rc; i++) {
+        if (!(qs[i] = seq_state(c, seqs[i], e)))
+            rc = e->code;
+        pos[i] = seqs[i]->pos;
+        last = pos[i] > last ? pos[i] : last;
+    }
+    cu_buf *b = &c->pre;
+    const size_t nv = (size_t)n * (size_t)m->vocab;
+    if (!rc)
+        rc = buf_reserve(c, b, n, e);
+    if (!rc && b->all_cap < n) {
+        cudaFree(b->all_logits);
+        b->all_logits = NULL;
+        b->all_cap = 0;
+        cudaError_t ce = dalloc(&b->all_logits, nv * sizeof(float));
+        if (ce != cudaSuccess)
+            rc = cu_fail(e, ce, "cudaMalloc");
+        else
+            b->all_cap = n;
+    }
+    if (!rc) {
+        cudaError_t ce = h2d(c->st, b->tok, tokens, sizeof(int32_t) * (size_t)n);
+        if (ce == cudaSuccess)
+            ce = h2d(c->st, b->pos, pos, sizeof(int) * (size_t)n);
+        if (ce != cudaSuccess)
+            rc = cu_fail(e, ce, "cudaMemcpy");
+    }
+    call k = {.c = c, .q = qs ? qs[0] : NULL, .b = b, .T = n, .last_pos = last,
+              .fused = mx_moe_fused_enabled() ? 1 : 0, .seqs = qs, .pos_of = pos};
+    if (!rc)
+        rc = run_pass(&k, 0, e);   /* leaves the final norm of every row in b->xn */
+    if (!rc)
+        rc = linear(&k, c->head_i, b->xn, m->d, b->all_logits, m->vocab, n, e);
+    if (!rc && m->softcap > 0) {
+        int kl = mxc_softcap(c->st, b->all_logits, (int64_t)nv, m->softcap);
+        if (kl)
+            rc = cu_fail(e, (cudaError_t)kl, "mxc_softcap");
+    }
+    if (!rc) {
+        cudaError_t ce = d2h(c->st, logits, b->all_logits, nv * sizeof(float));
+        if (ce != cudaSuccess)
+            rc = cu_fail(e, ce, "cudaMemcpy");
+    }
+    free(qs);
+    free(pos);
+    return rc;
+}
+
 static void cu_free(void *ctx)
 {
     cu_ctx *c = ctx;
@@ -1437,7 +1537,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     }
     if ((rc = buf_reserve(c, &c->dec, 1, e)))
         goto fail;
-    c->be = (mx_backend){.name = c->name, .forward = cu_forward, .seq_free = cu_seq_free, .free = cu_free};
+    c->be = (mx_backend){.name = c->name, .forward = cu_forward, .seq_free = cu_seq_free, .free = cu_free,
+                         .forward_batch = mx_env_flag("MLXCEL_CUDA_BATCH", 1) ? cu_forward_batch : NULL};
     mx_model_set_backend(m, &c->be, c);
     return MX_OK;
 fail:

@@ -1058,7 +1058,13 @@ int mx_forward_batch(mx_model *m, mx_seq *const *seqs, const int32_t *tokens, in
     int rc = check_tokens(m, tokens, n, e);
     if (rc)
         return rc;
-    if (m->backend) {   /* one sequence at a time on a backend */
+    if (m->backend && m->backend->forward_batch && n > 1) {   /* one step for all of them */
+        if (!(rc = m->backend->forward_batch(m->backend_ctx, seqs, tokens, n, logits, e)))
+            for (int i = 0; i < n; i++)
+                seqs[i]->pos++;
+        return rc;
+    }
+    if (m->backend) {   /* one sequence at a time on a backend without a batched step */
         for (int i = 0; i < n && !rc; i++)
             if (!(rc = m->backend->forward(m->backend_ctx, seqs[i], &tokens[i], 1,
                                            logits + (size_t)i * (size_t)m->vocab, NULL, e)))

@@ -133,6 +133,11 @@ typedef struct mx_backend {
                    const struct mx_forward_trace *trace, mx_err *e);
     void (*seq_free)(void *ctx, struct mx_seq *s);
     void (*free)(void *ctx);
+    /* One decode step of n sequences, token i appended to seqs[i] at its
+     * position, logits [n][vocab] (arguments checked, positions not yet
+     * advanced).  NULL: mx_forward_batch calls forward once per sequence. */
+    int (*forward_batch)(void *ctx, struct mx_seq *const *seqs, const int32_t *tokens, int n,
+                         float *logits, mx_err *e);
 } mx_backend;
 /* Where the routed experts of a job run when not all of them are in this
  * process (expert parallelism over MPI, src/dist).  The forward pass hands
