@@ -12,7 +12,7 @@
  *     a two-sequence batched step, and the CUDA graph step equal to the
  *     step without it; batched steps of 2, 3, 8, 9 and 33 sequences at
  *     different context lengths equal to each sequence's own one-token
- *     step (batch_check);
+ *     step, the experts per token and grouped (batch_check);
  *   - every affine format through the matvec and tile kernels, and 4- and
  *     8-bit matrices of 20001 and 5001 x 2432 through the streaming
  *     matvec, against the CPU;
@@ -122,17 +122,23 @@ out:
     return worst;
 }
 
-/* batch_check for every batch size of the test. */
+/* batch_check for every batch size of the test, the MoE layers token by
+ * token (MLXCEL_CUDA_BATCH_MOE=64; the default takes that path up to 16
+ * sequences) and grouped by expert (MLXCEL_CUDA_BATCH_MOE=0). */
 static void batch_sizes(mx_model *m, const char *name)
 {
     static const int ns[] = {2, 3, 8, 9, 33};
-    double worst = 0;
-    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        const double d = batch_check(m, name, ns[i], 4);
-        worst = d > worst ? d : worst;
+    for (int grouped = 0; grouped <= 1; grouped++) {
+        setenv("MLXCEL_CUDA_BATCH_MOE", grouped ? "0" : "64", 1);
+        double worst = 0;
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            const double d = batch_check(m, name, ns[i], 4);
+            worst = d > worst ? d : worst;
+        }
+        unsetenv("MLXCEL_CUDA_BATCH_MOE");
+        fprintf(stderr, "%s fused=%d: batched steps of 2/3/8/9/33 (MoE %s) vs one-token steps: largest "
+                "difference %.2g\n", name, mx_moe_fused_enabled(), grouped ? "grouped" : "per token", worst);
     }
-    fprintf(stderr, "%s fused=%d: batched steps of 2/3/8/9/33 vs one-token steps: largest difference %.2g\n",
-            name, mx_moe_fused_enabled(), worst);
 }
 
 static void run_fixture(const char *root, const char *name, int fused)

@@ -25,7 +25,8 @@
  * A batched decode step (mx_forward_batch: n sequences, a token each) is
  * one call of n rows, as a prompt of n tokens would be, except that each
  * row's q/k/v heads and attention go to its own sequence's cache at its
- * own position (a launch per sequence: attend_seq).
+ * own position (a launch per sequence: attend_seq), and the experts of a
+ * small batch go token by token through the one-token kernels.
  *
  * One-token steps whose routes all stay on the GPU are captured in a CUDA
  * graph per sequence (and per fused/gather choice) and replayed: the
@@ -857,21 +858,23 @@ static int host_routes(call *k, int l, mx_err *e)
     return MX_OK;
 }
 
-/* One token's expert sum: both fused phases over all slots, or (gather)
- * one expert at a time; *dl says where it is (each slot's row apart, or
- * b->ffn). */
-static int moe_one(call *k, int l, const int *P, const float *W, int fused, const mxc_norm_in *nin,
+/* The expert sum of the call's token t (routes P, W: [T][Kp]): both fused
+ * phases over all slots, or (gather) one expert at a time; *dl says where
+ * the sums of all T tokens are (each slot's row apart, or b->ffn). */
+static int moe_one(call *k, int l, int t, const int *P, const float *W, int fused, const mxc_norm_in *nin,
                    mxc_delta *dl, mx_err *e)
 {
     cu_ctx *c = k->c;
     const cu_layer *cl = &c->layers[l];
     cu_buf *b = k->b;
-    mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P, .W = W, .lo = 0, .hi = cl->Kp, .x = b->xn,
-                  .h = b->H, .out = b->ffn, .d = c->m->d, .act = c->m->act == MX_ACT_GELU_TANH};
+    const int64_t d = c->m->d, Kp = cl->Kp, r = t;
+    mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P + r * Kp, .W = W + r * Kp, .lo = 0, .hi = cl->Kp,
+                  .x = b->xn + r * d, .h = b->H + r * Kp * cl->ff_max, .out = b->ffn + r * d, .d = d,
+                  .act = c->m->act == MX_ACT_GELU_TANH};
     slot_offsets(cl, p.off);
     if (cl->s_bits) {
         p.bits = cl->s_bits;
-        p.Y = b->Y;
+        p.Y = b->Y + r * Kp * d;
         if (nin) {   /* phase 1 stages the norm itself */
             p.nin = *nin;
             p.has_nin = 1;
@@ -904,6 +907,20 @@ static int moe_one(call *k, int l, const int *P, const float *W, int fused, cons
         KL(mxc_moe_phase2(c->st, &p));
     }
     return MX_OK;
+}
+
+/* The largest batched decode step whose MoE layers take each token through
+ * the one-token kernels (MLXCEL_CUDA_BATCH_MOE, default 16); larger ones
+ * group the (token, expert) pairs by expert as a prompt does (moe_many).
+ * The grouped tiles cost about as much at 8 tokens as at 128 (their work
+ * is per tile of 64 pairs of one expert, mostly empty in small batches),
+ * while the one-token kernels read each token's experts once per token:
+ * on the qwen1.5 synth (H200) per token wins at 8 sequences (380 against
+ * 285 tok/s), ties at 32 (561, 572) and loses at 64 (587, 731). */
+static int batch_moe_max(void)
+{
+    const char *v = getenv("MLXCEL_CUDA_BATCH_MOE");
+    return v && *v ? atoi(v) : 16;
 }
 
 /* T tokens' expert sums: (token, slot) pairs grouped by slot kind, tiles
@@ -1022,7 +1039,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
     if (!cl->is_moe) {
         if (T > 1)
             return mlp_many(k, l, e);
-        return moe_one(k, l, c->one_P, c->one_W, 1, nin, dl, e);
+        return moe_one(k, l, 0, c->one_P, c->one_W, 1, nin, dl, e);
     }
     /* router logits and the shared expert's gate logit (and, fused, the
      * routes: the matvec's last block) */
@@ -1067,11 +1084,20 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
     } else if ((rc = host_routes(k, l, e))) {
         return rc;
     }
+    const int fused = takes_fused(cl, k->fused);
+    if (T > 1 && k->seqs && T <= batch_moe_max()) {
+        /* a small batched step: each token through the one-token kernels
+         * (fused or gather), which read only its own experts */
+        mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, T);
+        for (int t = 0; t < T; t++)
+            if ((rc = moe_one(k, l, t, b->P, b->W, fused, NULL, dl, e)))
+                return rc;
+        return MX_OK;
+    }
     if (T > 1) {
         mx_moe_count(MX_MOE_GATHER, 1);
         return moe_many(k, l, e);
     }
-    const int fused = takes_fused(cl, k->fused);
     if (!k->graph)   /* a captured step is counted when it runs (count_step) */
         mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, 1);
     mxc_norm_in n2;
@@ -1079,7 +1105,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
         n2 = *nin;
         n2.x_out = NULL;
     }
-    return moe_one(k, l, b->P, b->W, fused, nin ? &n2 : NULL, dl, e);
+    return moe_one(k, l, 0, b->P, b->W, fused, nin ? &n2 : NULL, dl, e);
 }
 
 /* The trace's copy of rows [T][d] of x after layer `slot` (0: embeddings). */
