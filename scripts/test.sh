@@ -15,6 +15,10 @@ jobs=$(nproc)
 # would fight each other for the cores, so tests wait passively.  Benchmarks
 # do not set this.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# The weight cache is on by default (auto on an AVX-512 VNNI CPU): the
+# tests' cache files go to a folder of the build, not to ~/.cache.
+export MLXCEL_CACHE_DIR=${MLXCEL_CACHE_DIR:-$PWD/build/test-weight-cache}
+rm -rf "$PWD/build/test-weight-cache"
 # Expert parallelism over MPI is built in (deps.sh installed Open MPI), so
 # that tests/test_dist.sh runs its two- and three-rank tests rather than
 # skipping; configure fails if MPI cannot be found.

@@ -20,6 +20,9 @@
 set -u
 export LC_ALL=C.UTF-8
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} MLXCEL_THREADS=1
+# Ranks keep the checkpoint's layout (a share of a model has no weight
+# cache); the one-process runs they are compared with bit for bit must too.
+export MLXCEL_REPACK=off
 [ "${MLXCEL_MPI:-}" = ON ] || { echo "SKIP: built without MPI (-DMLXCEL_MPI=OFF or no MPI found)"; exit 77; }
 command -v mpirun >/dev/null || { echo "SKIP: mpirun is not installed (scripts/deps.sh: openmpi-bin)"; exit 77; }
 [ -n "${MLXCEL_FIXTURES:-}" ] || { echo "SKIP: MLXCEL_FIXTURES is not set"; exit 77; }
@@ -32,7 +35,7 @@ if [ "${MLXCEL_SANITIZE:-}" = ON ]; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader
-        --mca btl_vader_single_copy_mechanism none -x MLXCEL_THREADS -x OMP_WAIT_POLICY)
+        --mca btl_vader_single_copy_mechanism none -x MLXCEL_THREADS -x OMP_WAIT_POLICY -x MLXCEL_REPACK)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 [ -n "${ASAN_OPTIONS:-}" ] && MPIRUN+=(-x ASAN_OPTIONS)
 

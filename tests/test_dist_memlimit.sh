@@ -16,6 +16,9 @@
 set -u
 export LC_ALL=C.UTF-8
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} MLXCEL_THREADS=1
+# Ranks keep the checkpoint's layout (a share of a model has no weight
+# cache); the one-process runs they are compared with bit for bit must too.
+export MLXCEL_REPACK=off
 [ "${MLXCEL_MPI:-}" = ON ] || { echo "SKIP: built without MPI (-DMLXCEL_MPI=OFF or no MPI found)"; exit 77; }
 command -v mpirun >/dev/null || { echo "SKIP: mpirun is not installed (scripts/deps.sh: openmpi-bin)"; exit 77; }
 [ "${MLXCEL_SANITIZE:-}" = ON ] &&
@@ -23,7 +26,7 @@ command -v mpirun >/dev/null || { echo "SKIP: mpirun is not installed (scripts/d
 BIN=${MLXCEL_BIN:?MLXCEL_BIN must point at the mlxcel binary}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader
-        --mca btl_vader_single_copy_mechanism none -x MLXCEL_THREADS -x OMP_WAIT_POLICY)
+        --mca btl_vader_single_copy_mechanism none -x MLXCEL_THREADS -x OMP_WAIT_POLICY -x MLXCEL_REPACK)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 
 T=$(mktemp -d)

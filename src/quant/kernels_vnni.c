@@ -1368,6 +1368,7 @@ VNNI_VARIANT(_vnni_fast, 1)
 
 const mx_qkernels mx_qk_avx512vnni = {
     .name = "avx512vnni",
+    .reads_rp = 1,
     .prep_bytes = prep_bytes_vnni,
     .prep = prep_vnni,
     .matvec_rows = matvec_rows_vnni,
@@ -1382,6 +1383,7 @@ const mx_qkernels mx_qk_avx512vnni = {
 const mx_qkernels mx_qk_avx512vnni_fast = {
     .name = "avx512vnni-fast",
     .fast = 1,
+    .reads_rp = 1,
     .prep_bytes = prep_bytes_vnni_fast,
     .prep = prep_vnni_fast,
     .matvec_rows = matvec_rows_vnni_fast,

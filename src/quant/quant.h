@@ -120,6 +120,8 @@ typedef struct mx_qkernels {
     const char *name;      /* "scalar", "avx2", "avx512", "avx512vnni", "neon"; the fast
                               precision's "scalar-fast", "avx512vnni-fast" */
     int fast;              /* x as one int8 level per group (--precision fast) */
+    int reads_rp;          /* 1: takes the repacked form (mx_qmat.rp) when a matrix has one;
+                              0: always reads the MLX layout (a repacked copy is wasted) */
     /* Bytes of the prepared form of an x of `cols` values (a multiple of
      * group_size). */
     size_t (*prep_bytes)(int64_t cols, int group_size);

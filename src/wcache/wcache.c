@@ -14,6 +14,7 @@
  * Every failure on the way (no space, a folder that cannot be written) is
  * one warning and the run goes on without the cache. */
 #include "wcache/wcache.h"
+#include "quant/quant.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -43,6 +44,9 @@
 #define WC_MAGIC "MLXCWCH"           /* 8 bytes with its NUL */
 #define WC_FIXED 64u                 /* bytes of the fixed part of the header */
 #define WC_SPOT 512u                 /* bytes hashed at each end of a payload */
+/* A build of fewer bytes takes well under a second: no progress lines
+ * (--stats and inspect still say the cache was built / used). */
+#define WC_QUIET_BYTES (64ull << 20)
 
 /* ---- the mode ---------------------------------------------------------- */
 
@@ -57,20 +61,35 @@ static int mode_parse(const char *s)
     return -1;
 }
 
+/* The default: auto where the repacked form pays (docs/kernels.md: the
+ * VNNI kernels 1.2-2.5x faster on it, prefill and decode), off where
+ * nothing would read it: kernels that take only the MLX layout, or a model
+ * run on a GPU (MLXCEL_DEVICE, which --device sets), whose backend copies
+ * the checkpoint's layout. */
+static mx_repack_mode default_mode(void)
+{
+    const char *dev = getenv("MLXCEL_DEVICE");
+    if (dev && *dev && strcmp(dev, "cpu") != 0)
+        return MX_REPACK_OFF;
+    const mx_qkernels *k = mx_qkernels_active();
+    return k && k->reads_rp ? MX_REPACK_AUTO : MX_REPACK_OFF;
+}
+
 mx_repack_mode mx_repack_mode_get(void)
 {
     if (g_mode >= 0)
         return (mx_repack_mode)g_mode;
     const char *env = getenv("MLXCEL_REPACK");
     if (!env || !*env)
-        return MX_REPACK_OFF;
+        return default_mode();
     int m = mode_parse(env);
     if (m < 0) {
+        mx_repack_mode d = default_mode();
         static int warned;
         if (!warned++)
             fprintf(stderr, "mlxcel: warning: MLXCEL_REPACK='%s' is not a mode (off, auto, mem, "
-                            "rebuild): off\n", env);
-        return MX_REPACK_OFF;
+                            "rebuild): %s\n", env, mx_repack_mode_name(d));
+        return d;
     }
     return (mx_repack_mode)m;
 }
@@ -596,11 +615,12 @@ typedef struct progress {
 
 static void progress_start(progress *g, const wc_plan *p, const char *what)
 {
-    g->tty = isatty(STDERR_FILENO);
+    g->tty = isatty(STDERR_FILENO) && p->payload_bytes >= WC_QUIET_BYTES;
     g->total = p->payload_bytes;
     atomic_init(&g->done, 0);
     g->t0 = g->last = mx_now();
-    fprintf(stderr, "mlxcel: weight cache: repacking %zu matrices (%.0f MiB) into %s\n", p->n,
+    if (p->payload_bytes >= WC_QUIET_BYTES)
+        fprintf(stderr, "mlxcel: weight cache: repacking %zu matrices (%.0f MiB) into %s\n", p->n,
             (double)p->payload_bytes / 1048576.0, what);
 }
 
@@ -813,7 +833,8 @@ static int build(const mx_wcache_src *src, wc_plan *p, const char *dir, mx_wcach
         close(dfd);
     }
     const double s = mx_now() - t0;
-    fprintf(stderr, "mlxcel: weight cache: built %s (%.0f MiB) in %.1f s (%.0f MiB/s)\n", info->path,
+    if (p->file_bytes >= WC_QUIET_BYTES)
+        fprintf(stderr, "mlxcel: weight cache: built %s (%.0f MiB) in %.1f s (%.0f MiB/s)\n", info->path,
             (double)p->file_bytes / 1048576.0, s, (double)p->file_bytes / 1048576.0 / (s > 0 ? s : 1));
     return 0;
 }

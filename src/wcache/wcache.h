@@ -48,7 +48,9 @@ typedef enum mx_repack_mode {
 } mx_repack_mode;
 
 /* The mode of this process: mx_repack_mode_set's, else MLXCEL_REPACK (an
- * unknown value: a warning, and the default), else the default (off). */
+ * unknown value: a warning, and the default), else the default: auto when
+ * the active kernels read the repacked form (AVX-512 VNNI) and the model
+ * runs on the CPU, off otherwise. */
 mx_repack_mode mx_repack_mode_get(void);
 /* "off", "auto", "mem" or "rebuild"; 0, or -1 for another name (unchanged). */
 int mx_repack_mode_set(const char *name);
