@@ -82,8 +82,41 @@ static void attend(const float *q, const float *K, const float *V, int start, in
     }
 }
 
+void mx_attend_run_avx512(const float *q, size_t ldq, int nq, const float *K, const float *V,
+                          const int *start, int pos0, int hd, float scale, float *sc, size_t ldsc,
+                          float *out, size_t ldo);
+
+/* Whether attend_avx512.c serves this head width on this CPU: decided
+ * once, so that a prompt and a token alone take the same path. */
+static int use_avx512(int hd)
+{
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
+    static int has = -1;
+    if (has < 0)
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    return has && hd % 16 == 0;
+#else
+    (void)hd;
+    return 0;
+#endif
+}
+
+void mx_attend_run(const float *q, size_t ldq, int nq, const float *K, const float *V,
+                   const int *start, int pos0, int hd, float scale, float *sc, size_t ldsc,
+                   float *out, size_t ldo)
+{
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
+    if (use_avx512(hd)) {
+        mx_attend_run_avx512(q, ldq, nq, K, V, start, pos0, hd, scale, sc, ldsc, out, ldo);
+        return;
+    }
+#endif
+    for (int b = 0; b < nq; b++)
+        attend(q + (size_t)b * ldq, K, V, start[b], pos0 + b, hd, scale, sc, out + (size_t)b * ldo);
+}
+
 void mx_attend_head(const float *q, const float *K, const float *V, int start, int pos, int hd,
                     float scale, float *sc, float *out)
 {
-    attend(q, K, V, start, pos, hd, scale, sc, out);
+    mx_attend_run(q, 0, 1, K, V, &start, pos, hd, scale, sc, 0, out, 0);
 }

@@ -76,6 +76,9 @@ typedef struct pass {
     float *mix_in, *mix_in2, *mix_conv, *mix_out;
     int64_t *run_t0, *run_n;
     int n_runs;
+    int64_t *blk_t0;             /* the runs in pieces of up to MX_ATTEND_RUN tokens */
+    int *blk_n;
+    int64_t n_blk;
     float *router;               /* [T, E] router logits (T > 1) */
     float *gate;                 /* [T] shared-expert weights (T > 1) */
     mx_route *routes;            /* [T] (T > 1) */
@@ -354,8 +357,10 @@ static void attention_block(pass *p, lane *ln, int l)
         head_in(p, ln, l, i / nh, 0, (int)(i % nh), p->qr + i * hd);
     mx_team_sync(&p->team);
     /* C: attention over the caches.  One token: its heads split evenly
-     * (the q heads of one kv head stay together); many: (token, head)
-     * items handed out as they finish, since later positions cost more */
+     * (the q heads of one kv head stay together); many: (piece of a run,
+     * head) items handed out as they finish, since later positions cost
+     * more; a piece's queries read the head's keys and values once
+     * (attend_avx512.c) */
     const float scale = a->scale;
     if (T == 1) {
         for (long h = i0; h < i1; h++) {
@@ -367,13 +372,20 @@ static void attention_block(pass *p, lane *ln, int l)
         }
         mx_team_sync(&p->team);
     } else {
-        for (long i; (i = mx_team_next(&p->team)) < (long)(T * nh);) {
-            const int64_t t = i / nh;
-            const int h = (int)(i % nh), kvh = h / group, pos = p->ts.pos[t];
-            mx_seq *s = p->ts.seq[t];
-            mx_attend_head(p->qr + i * hd, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0),
-                           mx_attn_start(a, pos), pos, hd, scale, ln->scores, p->att + i * hd);
-            out_gate(p, a, t, h);
+        /* (run piece, head) items, the latest pieces (the longest
+         * attention) first */
+        for (long i; (i = mx_team_next(&p->team)) < (long)(p->n_blk * nh);) {
+            const int64_t bk = p->n_blk - 1 - i / nh, t0 = p->blk_t0[bk];
+            const int h = (int)(i % nh), kvh = h / group, nq = p->blk_n[bk], pos0 = p->ts.pos[t0];
+            mx_seq *s = p->ts.seq[t0];
+            int st[MX_ATTEND_RUN];
+            for (int b = 0; b < nq; b++)
+                st[b] = mx_attn_start(a, pos0 + b);
+            const size_t at = ((size_t)t0 * (size_t)nh + (size_t)h) * (size_t)hd, ld = (size_t)nh * (size_t)hd;
+            mx_attend_run(p->qr + at, ld, nq, mx_kv_at(s, s->k, l, kvh, 0), mx_kv_at(s, s->v, l, kvh, 0), st,
+                          pos0, hd, scale, ln->scores, (size_t)p->ts.max_ctx, p->att + at, ld);
+            for (int b = 0; b < nq; b++)
+                out_gate(p, a, t0 + b, h);
         }
         mx_team_sync(&p->team);
     }
@@ -887,6 +899,8 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
     p->mix_out = carve(a, &total, (size_t)(T * w_out) * f);
     p->run_t0 = carve(a, &total, (size_t)T * sizeof(int64_t));
     p->run_n = carve(a, &total, (size_t)T * sizeof(int64_t));
+    p->blk_t0 = carve(a, &total, (size_t)T * sizeof(int64_t));
+    p->blk_n = carve(a, &total, (size_t)T * sizeof(int));
     p->out = carve(a, &total, (size_t)(T * d) * f);
     p->out2 = carve(a, &total, (size_t)(T * d) * f);
     p->rin = carve(a, &total, T > 1 ? (size_t)(T * d) * f : 0);
@@ -914,7 +928,7 @@ static size_t layout(pass *p, lane **lanes, int nth, mx_arena *a)
         ln->vec_buf = carve(a, &total, vec);
         ln->vec2_buf = carve(a, &total, mx_vec_bytes(d));
         ln->dn_buf = carve(a, &total, (size_t)dn_lane * f);
-        ln->scores = carve(a, &total, (size_t)p->ts.max_ctx * f);
+        ln->scores = carve(a, &total, (size_t)(T > 1 ? MX_ATTEND_RUN : 1) * (size_t)p->ts.max_ctx * f);
         ln->router = carve(a, &total, (size_t)E * f);
     }
     return total;
@@ -964,6 +978,12 @@ static int forward_tokens(mx_model *m, const token_slots *ts, const int32_t *tok
         p.run_t0[p.n_runs] = t;
         p.run_n[p.n_runs++] = 1;
     }
+    p.n_blk = 0;
+    for (int r = 0; r < p.n_runs; r++)
+        for (int64_t t = 0; t < p.run_n[r]; t += MX_ATTEND_RUN) {
+            p.blk_t0[p.n_blk] = p.run_t0[r] + t;
+            p.blk_n[p.n_blk++] = (int)(p.run_n[r] - t < MX_ATTEND_RUN ? p.run_n[r] - t : MX_ATTEND_RUN);
+        }
     /* each rope's cos/sin per token; LongRoPE switches to its long factors
      * for a call whose last position is past the original context, as
      * transformers does per forward call */

@@ -98,6 +98,16 @@ static inline float *mx_kv_at(const mx_seq *s, float *base, int layer, int kvh, 
 void mx_attend_head(const float *q, const float *K, const float *V, int start, int pos, int hd,
                     float scale, float *sc, float *out);
 
+/* The same for nq queries of one head at consecutive positions pos0 ..
+ * pos0+nq-1 of one sequence (a prompt's run): query b is q[b * ldq], sees
+ * [start[b], pos0 + b] (start ascending) and writes out[b * ldo]; sc holds
+ * nq rows of ldsc >= pos0 + nq floats.  A query's result is the same bits
+ * whatever nq (the keys and values are read once for the run). */
+void mx_attend_run(const float *q, size_t ldq, int nq, const float *K, const float *V,
+                   const int *start, int pos0, int hd, float scale, float *sc, size_t ldsc,
+                   float *out, size_t ldo);
+#define MX_ATTEND_RUN 8   /* queries per call in a prompt */
+
 /* e^x for x <= 0 (the softmax's shifted scores) within 2 ulp of expf in
  * the normal range, 0 below it; for tests. */
 float mx_expf_neg(float x);
