@@ -85,19 +85,23 @@ static inline __m512 sum16(const __m512 a[16])
  * FULL: the whole chunk is in range (no per-key test). */
 static inline __attribute__((always_inline)) void
 scores16(const float *q, const float *K, int j0, int lo, int hi, int hd, float scale, float *sc,
-         const int FULL)
+         const int FULL, const int HD)
 {
+    if (HD)
+        hd = HD;   /* a constant: the 16 key rows at fixed offsets from one pointer */
     __m512 a[16];
     const __mmask16 m = FULL ? (__mmask16)0xffff : key_mask(j0, lo, hi);
     const float *kj = K + (size_t)j0 * hd;
     {
         const __m512 qc = _mm512_loadu_ps(q);
+#pragma GCC unroll 16
         for (int k = 0; k < 16; k++)
             a[k] = FULL || (m >> k & 1) ? _mm512_mul_ps(qc, _mm512_loadu_ps(kj + (size_t)k * hd))
                                         : _mm512_setzero_ps();
     }
     for (int c = 16; c < hd; c += 16) {
         const __m512 qc = _mm512_loadu_ps(q + c);
+#pragma GCC unroll 16
         for (int k = 0; k < 16; k++)
             if (FULL || (m >> k & 1))
                 a[k] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kj + (size_t)k * hd + c), a[k]);
@@ -145,7 +149,9 @@ pv_block(const float *V, int hd, int d0, const float *const *p, const int *st, c
          float *const *out, const int NQ, const int NC)
 {
     __m512 acc[2][8];
+#pragma GCC unroll 2
     for (int b = 0; b < NQ; b++)
+#pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
             acc[b][c] = _mm512_setzero_ps();
     /* [st0, st1): query 0 only; [st1, ps0]: both; (ps0, ps1]: query 1 only
@@ -154,12 +160,14 @@ pv_block(const float *V, int hd, int d0, const float *const *p, const int *st, c
     const int both1 = ps[0];
     for (int j = st[0]; j < both0; j++) {
         const __m512 w = _mm512_set1_ps(p[0][j]);
+#pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
             acc[0][c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(V + (size_t)j * hd + d0 + 16 * c), acc[0][c]);
     }
     for (int j = both0; j <= both1; j++) {
         const __m512 w0 = _mm512_set1_ps(p[0][j]);
         const __m512 w1 = NQ == 2 ? _mm512_set1_ps(p[1][j]) : w0;
+#pragma GCC unroll 8
         for (int c = 0; c < NC; c++) {
             const __m512 v = _mm512_loadu_ps(V + (size_t)j * hd + d0 + 16 * c);
             acc[0][c] = _mm512_fmadd_ps(w0, v, acc[0][c]);
@@ -170,10 +178,13 @@ pv_block(const float *V, int hd, int d0, const float *const *p, const int *st, c
     if (NQ == 2)
         for (int j = both1 + 1 > st[1] ? both1 + 1 : st[1]; j <= ps[1]; j++) {
             const __m512 w = _mm512_set1_ps(p[1][j]);
+#pragma GCC unroll 8
             for (int c = 0; c < NC; c++)
                 acc[1][c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(V + (size_t)j * hd + d0 + 16 * c), acc[1][c]);
         }
+#pragma GCC unroll 2
     for (int b = 0; b < NQ; b++)
+#pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
             _mm512_storeu_ps(out[b] + d0 + 16 * c, acc[b][c]);
 }
@@ -191,19 +202,19 @@ pv(const float *V, int hd, const float *const *p, const int *st, const int *ps, 
         pv_block(V, hd, d0, p, st, ps, out, NQ, 1);
 }
 
-void mx_attend_run_avx512(const float *q, size_t ldq, int nq, const float *K, const float *V,
-                          const int *start, int pos0, int hd, float scale, float *sc, size_t ldsc,
-                          float *out, size_t ldo)
+static inline __attribute__((always_inline)) void
+attend_run(const float *q, size_t ldq, int nq, const float *K, const float *V, const int *start, int pos0,
+           int hd, float scale, float *sc, size_t ldsc, float *out, size_t ldo, const int HD)
 {
     /* scores: each 16-key chunk once into L1 for every query that sees it */
     const int lo = start[0], hi = pos0 + nq - 1;
     for (int j0 = lo & ~15; j0 <= hi; j0 += 16)
         for (int b = 0; b < nq; b++)
             if (j0 >= start[b] && j0 + 15 <= pos0 + b)
-                scores16(q + (size_t)b * ldq, K, j0, 0, 0, hd, scale, sc + (size_t)b * ldsc, 1);
+                scores16(q + (size_t)b * ldq, K, j0, 0, 0, hd, scale, sc + (size_t)b * ldsc, 1, HD);
             else if (j0 + 15 >= start[b] && j0 <= pos0 + b)
                 scores16(q + (size_t)b * ldq, K, j0, start[b], pos0 + b, hd, scale,
-                         sc + (size_t)b * ldsc, 0);
+                         sc + (size_t)b * ldsc, 0, HD);
     for (int b = 0; b < nq; b++)
         softmax_row(sc + (size_t)b * ldsc, start[b], pos0 + b);
     /* weighted sums of V rows, two queries at a time */
@@ -220,6 +231,22 @@ void mx_attend_run_avx512(const float *q, size_t ldq, int nq, const float *K, co
         float *o[2] = {out + (size_t)b * ldo, NULL};
         pv(V, hd, p, st, ps, o, 1);
     }
+}
+
+/* The usual head widths as constants (row offsets in the instructions),
+ * others at run time; the same arithmetic either way. */
+void mx_attend_run_avx512(const float *q, size_t ldq, int nq, const float *K, const float *V,
+                          const int *start, int pos0, int hd, float scale, float *sc, size_t ldsc,
+                          float *out, size_t ldo)
+{
+    if (hd == 128)
+        attend_run(q, ldq, nq, K, V, start, pos0, hd, scale, sc, ldsc, out, ldo, 128);
+    else if (hd == 64)
+        attend_run(q, ldq, nq, K, V, start, pos0, hd, scale, sc, ldsc, out, ldo, 64);
+    else if (hd == 256)
+        attend_run(q, ldq, nq, K, V, start, pos0, hd, scale, sc, ldsc, out, ldo, 256);
+    else
+        attend_run(q, ldq, nq, K, V, start, pos0, hd, scale, sc, ldsc, out, ldo, 0);
 }
 #else
 typedef int mx_attend_avx512_unused;
