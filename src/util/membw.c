@@ -49,9 +49,12 @@ double mx_membw_probe(size_t bytes, int reps)
         gbs[r] = (double)(n * sizeof *buf) / dt / 1e9;
     }
     (void)sink;
+    /* the best pass: on a shared machine other work only ever lowers a
+     * pass, and the median of three was seen at a third of a plain
+     * read's best in the same minutes */
     qsort(gbs, (size_t)reps, sizeof *gbs, cmp_double);
-    double med = gbs[reps / 2];
+    double best = gbs[reps - 1];
     free(gbs);
     free(buf);
-    return med;
+    return best;
 }

@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 /* Reads a `bytes` buffer `reps` times with mx_threads() threads; returns the
- * median GB/s (1e9 bytes/s), or a negative value when allocation fails. */
+ * best pass's GB/s (1e9 bytes/s), or a negative value when allocation fails. */
 double mx_membw_probe(size_t bytes, int reps);
 
 #endif
