@@ -1167,15 +1167,7 @@ rp_block(const mx_qmat *m, const uint8_t *tile, int64_t g0, int64_t g1, const rp
     rp_groups(tile, m->sdtype, g0, g1, mx_qmat_groups(m), X, t0, yl, nt, gs, LV, XS);
     for (int j = 0; j < nt; j++) {
         float *yj = Y + (t0 + j) * ldy + (rt - ybase);
-        if (lo == 0 && hi == 32) {   /* the usual case: a whole tile (plain loads and stores) */
-            __m512 y0 = _mm512_load_ps(yl + j * 32), y1 = _mm512_load_ps(yl + j * 32 + 16);
-            if (!first) {
-                y0 = _mm512_add_ps(y0, _mm512_loadu_ps(yj));
-                y1 = _mm512_add_ps(y1, _mm512_loadu_ps(yj + 16));
-            }
-            _mm512_storeu_ps(yj, y0);
-            _mm512_storeu_ps(yj + 16, y1);
-        } else if (lo == 0) {   /* the first rows of a tile */
+        if (lo == 0) {   /* the usual case: a whole tile, or its first rows */
             const __mmask16 m0 = mask16(hi), m1 = mask16(hi > 16 ? hi - 16 : 0);
             __m512 y0 = _mm512_load_ps(yl + j * 32), y1 = _mm512_load_ps(yl + j * 32 + 16);
             if (!first) {
