@@ -405,7 +405,7 @@ static void wide_linears(int64_t rows)
     for (int64_t i = 0; i < rows * cols; i++)
         w[i] = test_randf(&seed);
     mx_qkernels_force("scalar");
-    int bad = 0;
+    int bad = 0, runs = 0;
     for (size_t ib = 0; ib < 2; ib++)
         for (size_t ig = 0; ig < 3; ig++)
             for (size_t is = 0; is < 3; is++) {
@@ -414,20 +414,39 @@ static void wide_linears(int64_t rows)
                 mx_linear l = {.quantized = 1, .rows = rows, .cols = cols,
                                .q = {.w = packed, .scales = sc, .biases = bi, .rows = rows, .cols = cols,
                                      .bits = bits[ib], .group_size = gss[ig], .sdtype = sdt[is]}};
-                for (int64_t i = 0; i < cols; i++)
-                    X[i] = test_randf(&seed);
-                mx_linear_matmul(&l, X, 1, ref);
-                int rc = mx_cuda_linear(&l, X, 1, got, &e);
-                CHECK_OK(rc, &e);
-                const double d = max_abs_diff(ref, got, (size_t)rows) / (max_abs(ref, (size_t)rows) + 1e-30);
-                if (rc || d > 1e-5) {
-                    bad++;
-                    fprintf(stderr, "wide linear %lld rows %d-bit group %d sdtype %d: relative difference %g\n",
-                            (long long)rows, bits[ib], gss[ig], (int)sdt[is], d);
+                /* wide: values over 2^-30 .. 2^10 within a chunk, a
+                 * chunk of zeros, a chunk with one value, a chunk of
+                 * values under 2^-110 (the integer kernels' digits of x
+                 * are relative to each chunk's largest value) */
+                for (int wide = 0; wide < 2; wide++) {
+                    for (int64_t i = 0; i < cols; i++) {
+                        X[i] = test_randf(&seed);
+                        if (wide)
+                            X[i] = ldexpf(X[i], (int)(test_randf(&seed) * 20.0f) - 10);
+                    }
+                    if (wide) {
+                        for (int i = 0; i < 32; i++)
+                            X[64 + i] = 0.0f, X[96 + i] = i == 5 ? 3.0f : 0.0f, X[128 + i] = ldexpf(X[128 + i], -110);
+                        X[200] = 1024.0f, X[201] = ldexpf(1.0f, -30);
+                    }
+                    mx_linear_matmul(&l, X, 1, ref);
+                    for (int idot = 1; idot >= 0; idot--) {
+                        setenv("MLXCEL_CUDA_IDOT", idot ? "1" : "0", 1);
+                        int rc = mx_cuda_linear(&l, X, 1, got, &e);
+                        CHECK_OK(rc, &e);
+                        const double d = max_abs_diff(ref, got, (size_t)rows) / (max_abs(ref, (size_t)rows) + 1e-30);
+                        runs++;
+                        if (rc || d > 1e-5) {
+                            bad++;
+                            fprintf(stderr, "wide linear %lld rows %d-bit group %d sdtype %d, x %s, idot %d: relative difference %g\n",
+                                    (long long)rows, bits[ib], gss[ig], (int)sdt[is], wide ? "wide" : "uniform", idot, d);
+                        }
+                    }
                 }
             }
+    unsetenv("MLXCEL_CUDA_IDOT");
     mx_qkernels_force(NULL);
-    CHECKF(bad == 0, "%d of 18 wide GPU linears of %lld rows differ from the CPU reference", bad, (long long)rows);
+    CHECKF(bad == 0, "%d of %d wide GPU linears of %lld rows differ from the CPU reference", bad, runs, (long long)rows);
     free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);
 }
 

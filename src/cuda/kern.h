@@ -173,6 +173,11 @@ void mxc_set_pdl(int on);
  * off: a block each, as one-token steps). */
 void mxc_set_qkv_warp(int on);
 
+/* One-token streaming kernels (4/8-bit) on integer dot products of the
+ * weights with exact 24-bit digits of x (on unless MLXCEL_CUDA_IDOT=0;
+ * off: the float kernels). */
+void mxc_set_idot(int on);
+
 /* After the q, k, v projections of T tokens: each q head clipped, normed
  * and rotated into qr [T][nh][hd]; each kv head's k (the same) and v
  * (clipped, v_norm) into the cache at the token's position. */

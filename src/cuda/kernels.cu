@@ -45,6 +45,12 @@ static int g_qkv_warp = 1;
 
 extern "C" void mxc_set_qkv_warp(int on) { g_qkv_warp = on; }
 
+/* one-token streaming kernels on integer dot products (below) unless
+ * MLXCEL_CUDA_IDOT=0 */
+static int g_idot = 1;
+
+extern "C" void mxc_set_idot(int on) { g_idot = on; }
+
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 #ifdef MXC_PDL_EARLY
 __device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
@@ -2422,73 +2428,248 @@ __device__ __forceinline__ void stage_dot(const mv_stage<BITS, R> &st, const flo
         acc[i] += st.s[i] * d[i] + st.b[i] * sx;
 }
 
-/* The walk of one warp over groups g, g + gstride, ... < G, each of
- * ceil(nch / 32) steps; cur holds the first step's loads (src.locate(g),
- * src.advance() done).  Src: locate(g) points the load cursor at group g,
- * load(c, stage) loads chunk c of its rows, store(v, lane) writes the
- * output cursor's R reduced rows, advance() moves the output cursor to
- * the load cursor. */
-template <int BITS, int DT, int R, class Src>
-__device__ __forceinline__ void stream_rows(Src &src, mv_stage<BITS, R> &cur, int64_t g, int64_t gstride, int64_t G,
-                                            int nch, const float *xs, const float *sums, int lane)
+/* ---- integer dot products on exact digits of x ------------------------------------
+ *
+ * The float path above spends about 3.5 instructions per 4-bit weight
+ * (byte permute, subtract, FMA) and is bound by instruction issue, not by
+ * memory.  With MLXCEL_CUDA_IDOT (the default) each staged 32-value chunk
+ * of x is turned into fixed point once per block: v = x / dx rounded to an
+ * integer of 24 bits (dx the power of two that puts the chunk's largest
+ * |x| just under 2^23: the precision fp32 gives that value), split into
+ * three bytes v = 65536 d2 + 256 d1 + d0 (d0, d1 unsigned, d2 signed).
+ * The weights' integers q (0..15, 0..255) are then dotted with each digit
+ * by dp4a, four products an instruction, exactly (integer sums of at most
+ * 32 products), and a chunk's dot is dx (65536 S2 + 256 S1 + S0): the only
+ * roundings are the conversion of x to 24 bits and the two float
+ * operations of the recombination, as the float kernels round each
+ * partial sum.  4-bit: a word's low nibbles are values 0, 2, 4, 6 of its 8,
+ * so the digits are stored in that order (a quarter's even values, then
+ * its odd values), and the nibbles need only a mask and a shift.
+ *
+ * A chunk's stage: DS words, digit k in words 8k .. 8k + 7, then dx, the
+ * chunk's sum of x (float), two words of padding: 112 bytes, so the 8
+ * lanes of a 16-byte shared load read 8 consecutive chunks on distinct
+ * banks. */
+#define DS 28
+
+/* Byte k (0..2) of a, b, c, d as one word, a's in the low byte. */
+__device__ __forceinline__ uint32_t bytes_k(uint32_t a, uint32_t b, uint32_t c, uint32_t d, int k)
 {
-    const int kc = (nch + 31) >> 5;
-    int k = 0;
-    float acc[R];
+    if (k == 2)   /* [a2 b2 . .] and [c2 d2 . .], then their low halves */
+        return __byte_perm(__byte_perm(a, b, 0x0062u), __byte_perm(c, d, 0x0062u), 0x5410u);
+    /* [a0 b0 a1 b1] and [c0 d0 c1 d1], then bytes 0, 1 (k = 0) or 2, 3 (k = 1) of each */
+    const uint32_t ab = __byte_perm(a, b, 0x5140u), cd = __byte_perm(c, d, 0x5140u);
+    return __byte_perm(ab, cd, k == 0 ? 0x5410u : 0x7632u);
+}
+
+/* The digits of x's chunks into dg.  Chunk c's values are src[c * stride
+ * .. + 32) (x in global memory, stride 32, or staged by stage_norm,
+ * stride XS); 4 consecutive threads take a chunk, 8 values each, so a
+ * block of 256 converts 64 chunks at once (no serial chain per chunk).
+ * The chunk's largest |x| is found on the bit patterns (NaN above inf
+ * above every finite value), so a non-finite x gives a non-finite dx and
+ * a non-finite result.  Every thread calls it. */
+template <int BITS>
+__device__ __forceinline__ void stage_digits(const float *src, int stride, int nch, uint32_t *dg)
+{
+    const int n = nch * 4;
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + threadIdx.x, c = i >> 2, q = i & 3;
+        const bool ok = i < n;
+        float x[8];
+        if (ok) {
+            const float4 a = *(const float4 *)(src + (int64_t)c * stride + 8 * q);
+            const float4 b = *(const float4 *)(src + (int64_t)c * stride + 8 * q + 4);
+            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+        } else {
 #pragma unroll
-    for (int i = 0; i < R; i++)
-        acc[i] = 0.0f;
-    for (;;) {
-        int nk = k + 1;
-        int64_t ng = g;
-        if (nk == kc) {
-            nk = 0;
-            ng = g + gstride;
+            for (int u = 0; u < 8; u++)
+                x[u] = 0.0f;
         }
-        const bool more = ng < G;
-        mv_stage<BITS, R> nxt;
-        if (more) {
-            if (nk == 0)
-                src.locate(ng);
-            if (nk * 32 + lane < nch)
-                src.load(nk * 32 + lane, nxt);
-        }
-        const int c = k * 32 + lane;
-        if (c < nch)
-            stage_dot<BITS, R>(cur, xs + c * XS, sums[c], acc);
-        if (k == kc - 1) {
-            float v[R];
+        uint32_t mb = 0;
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                v[i] = warp_sum(acc[i]);
-                acc[i] = 0.0f;
+        for (int u = 0; u < 8; u++)
+            mb = max(mb, __float_as_uint(x[u]) & 0x7FFFFFFFu);
+        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+        float s = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        /* m < 2^e with e = E - 126 (E the biased exponent of m): dx =
+         * 2^(e - 23) puts |x / dx| under 2^23; chunks under 2^-102 share
+         * the scale of 2^-102 (their few bits are far below fp32's
+         * resolution of any larger partial sum) */
+        const int E = (int)(mb >> 23);
+        float dx, inv;
+        if (E == 255) {
+            dx = __uint_as_float(mb);
+            inv = 0.0f;
+        } else {
+            const int Ec = E < 24 ? 24 : E;
+            dx = __uint_as_float((uint32_t)(Ec - 22) << 23);
+            inv = __uint_as_float((uint32_t)(276 - Ec) << 23);
+        }
+        uint32_t v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = (uint32_t)min(max(__float2int_rn(x[u] * inv), -(1 << 23)), (1 << 23) - 1);
+        if (ok) {
+            uint32_t *d = dg + c * DS + 2 * q;
+#pragma unroll
+            for (int k = 0; k < 3; k++) {
+                uint2 w;
+                if constexpr (BITS == 4) {   /* a quarter's even values, then its odd values */
+                    w.x = bytes_k(v[0], v[2], v[4], v[6], k);
+                    w.y = bytes_k(v[1], v[3], v[5], v[7], k);
+                } else {
+                    w.x = bytes_k(v[0], v[1], v[2], v[3], k);
+                    w.y = bytes_k(v[4], v[5], v[6], v[7], k);
+                }
+                *(uint2 *)(d + 8 * k) = w;
             }
-            src.store(v, lane);
-            src.advance();
+            if (q == 0) {
+                dg[c * DS + 24] = __float_as_uint(dx);
+                dg[c * DS + 25] = __float_as_uint(s);
+            }
         }
-        if (!more)
-            break;
-        g = ng;
-        k = nk;
-        cur = nxt;
+    }
+    __syncthreads();
+}
+
+/* c + the dot of 4 unsigned bytes a with 4 unsigned (uu) or signed (us)
+ * bytes b. */
+__device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c)
+{
+    int d;
+    asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* stage_dot on the digits of chunk dc (DS words). */
+template <int BITS, int R>
+__device__ __forceinline__ void stage_idot(const mv_stage<BITS, R> &st, const uint32_t *dc, float *acc)
+{
+    uint32_t D[3][8];
+#pragma unroll
+    for (int k = 0; k < 3; k++) {
+        const uint4 a = ((const uint4 *)dc)[2 * k], b = ((const uint4 *)dc)[2 * k + 1];
+        D[k][0] = a.x, D[k][1] = a.y, D[k][2] = a.z, D[k][3] = a.w;
+        D[k][4] = b.x, D[k][5] = b.y, D[k][6] = b.z, D[k][7] = b.w;
+    }
+    const uint4 f = ((const uint4 *)dc)[6];
+    const float dx = __uint_as_float(f.x), sx = __uint_as_float(f.y);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        int s0 = 0, s1 = 0, s2 = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t w;
+            if constexpr (BITS == 4)
+                w = j & 1 ? (st.w[i][j >> 1] >> 4) & 0x0F0F0F0Fu : st.w[i][j >> 1] & 0x0F0F0F0Fu;
+            else
+                w = st.w[i][j];
+            s0 = dp4a_uu(w, D[0][j], s0);
+            s1 = dp4a_uu(w, D[1][j], s1);
+            s2 = dp4a_us(w, D[2][j], s2);
+        }
+        const float t = fmaf((float)s2, 65536.0f, (float)(s1 * 256 + s0));
+        acc[i] += st.s[i] * (dx * t) + st.b[i] * sx;
     }
 }
+
+/* The walk of one warp over its items: groups g0, g0 + gstride, ... < G,
+ * each of ceil(nch / 32) steps (lane takes chunk 32 k + lane of step k).
+ * PD items' loads are in flight ahead of the one being summed: with few
+ * items a warp (the small matvecs of a layer), one step's loads at a time
+ * leave the memory idle between a warp's round trips.  Src: locate(g)
+ * points the load cursor at group g, load(c, stage) loads chunk c of its
+ * rows, store(g, v, lane) writes group g's R reduced rows. */
+template <int BITS, int R, int PD, class Src>
+struct mv_walk {
+    mv_stage<BITS, R> st[PD];   /* st[0]: the next item to sum */
+    int64_t lg, gstride, G;      /* the next item to load: group lg, step lk */
+    int lk, kc, nch, lane;
+    __device__ __forceinline__ mv_walk(int64_t g0, int64_t gs, int64_t g_end, int n, int ln)
+        : lg(g0), gstride(gs), G(g_end), lk(0), kc((n + 31) >> 5), nch(n), lane(ln) {}
+    __device__ __forceinline__ void load_next(Src &src, mv_stage<BITS, R> &dst)
+    {
+        if (lg >= G)
+            return;
+        if (lk == 0)
+            src.locate(lg);
+        if (lk * 32 + lane < nch)
+            src.load(lk * 32 + lane, dst);
+        if (++lk == kc) {
+            lk = 0;
+            lg += gstride;
+        }
+    }
+    /* the first PD items' loads: weights only, before the kernel waits
+     * for its predecessor */
+    __device__ __forceinline__ void prime(Src &src)
+    {
+#pragma unroll
+        for (int d = 0; d < PD; d++)
+            load_next(src, st[d]);
+    }
+    template <int DT, bool IX>
+    __device__ __forceinline__ void run(Src &src, int64_t g, const float *xs, const float *sums, const uint32_t *dg)
+    {
+        int k = 0;
+        float acc[R];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] = 0.0f;
+        while (g < G) {
+            mv_stage<BITS, R> nx;
+            load_next(src, nx);
+            const int c = k * 32 + lane;
+            if (c < nch) {
+                if constexpr (IX)
+                    stage_idot<BITS, R>(st[0], dg + c * DS, acc);
+                else
+                    stage_dot<BITS, R>(st[0], xs + c * XS, sums[c], acc);
+            }
+            if (++k == kc) {
+                float v[R];
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    v[i] = warp_sum(acc[i]);
+                    acc[i] = 0.0f;
+                }
+                src.store(g, v, lane);
+                k = 0;
+                g += gstride;
+            }
+#pragma unroll
+            for (int d = 0; d + 1 < PD; d++)
+                st[d] = st[d + 1];
+            st[PD - 1] = nx;
+        }
+    }
+};
 
 /* Up to 4 matrices against one x: groups of R consecutive rows of each. */
 template <int BITS, int DT, int R>
 struct mv_src {
     const mxc_mv &mv;
-    int li, oi;
-    int64_t lr0, or0;
-    __device__ mv_src(const mxc_mv &m) : mv(m), li(0), oi(0), lr0(0), or0(0) {}
-    __device__ __forceinline__ void locate(int64_t g)
+    int li;
+    int64_t lr0;
+    __device__ mv_src(const mxc_mv &m) : mv(m), li(0), lr0(0) {}
+    __device__ __forceinline__ void where(int64_t g, int &i, int64_t &r0) const
     {
-        int i = 0;
+        i = 0;
         while (i < mv.n - 1 && g >= (mv.m[i].rows + R - 1) / R)
             g -= (mv.m[i++].rows + R - 1) / R;
-        li = i;
-        lr0 = g * R;
+        r0 = g * R;
     }
+    __device__ __forceinline__ void locate(int64_t g) { where(g, li, lr0); }
     __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
     {
         const mxc_mat &m = mv.m[li];
@@ -2496,47 +2677,59 @@ struct mv_src {
         for (int i = 0; i < R; i++)
             load_chunk<BITS, DT, R>(m, min(lr0 + i, m.rows - 1), c, st, i);
     }
-    __device__ __forceinline__ void store(const float *v, int lane)
+    __device__ __forceinline__ void store(int64_t g, const float *v, int lane)
     {
+        if (lane >= R)
+            return;
+        int oi;
+        int64_t or0;
+        where(g, oi, or0);
         const mxc_mat &m = mv.m[oi];
 #pragma unroll
         for (int i = 0; i < R; i++)
             if (lane == i && or0 + i < m.rows)
                 mv.y[oi][or0 + i] = v[i] + (m.bias ? m.bias[or0 + i] : 0.0f);
     }
-    __device__ __forceinline__ void advance()
-    {
-        oi = li;
-        or0 = lr0;
-    }
 };
 
-template <int BITS, int DT, int R>
+/* How many items' loads a warp keeps in flight: 2 where the registers
+ * allow (the integer kernels; 4 rows of 4 bits, or 2 of 8, take 1: lm_head
+ * spills with 2, and phase 1 measured the same with 1 and 2). */
+#ifndef MXC_DEPTH2_MAX
+#define MXC_DEPTH2_MAX 8
+#endif
+template <int BITS, int R, bool IX>
+struct mv_depth {
+    static constexpr int v = IX && R * BITS <= MXC_DEPTH2_MAX ? 2 : 1;
+};
+
+template <int BITS, int DT, int R, bool IX>
 __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
                                                    const __grid_constant__ mxc_norm_in nin, int has_nin,
                                                    const __grid_constant__ mxc_route rt, int *cnt)
 {
     __shared__ int last;
     extern __shared__ float4 smem_f4[];
-    float *xs = (float *)smem_f4, *sums = xs + nch * XS;
+    uint32_t *dg = (uint32_t *)smem_f4;
+    float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     pdl_go();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
     mv_src<BITS, DT, R> src(mv);
-    mv_stage<BITS, R> cur;
-    if (g < G) {   /* weights only: nothing an earlier kernel writes */
-        src.locate(g);
-        src.advance();
-        if (lane < nch)
-            src.load(lane, cur);
-    }
+    mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>> walk(g, gstride, G, nch, lane);
+    walk.prime(src);   /* weights only: nothing an earlier kernel writes */
     pdl_wait();
-    if (has_nin)
+    if (IX && has_nin) {
         stage_norm(nin, nch * 32, xs, sums);
-    else
+        stage_digits<BITS>(xs, XS, nch, dg);
+    } else if (IX) {
+        stage_digits<BITS>(x, 32, nch, dg);
+    } else if (has_nin) {
+        stage_norm(nin, nch * 32, xs, sums);
+    } else {
         stage_x(x, nch, xs, sums);
-    if (g < G)
-        stream_rows<BITS, DT, R>(src, cur, g, gstride, G, nch, xs, sums, lane);
+    }
+    walk.template run<DT, IX>(src, g, xs, sums, dg);
     if (!cnt)
         return;
     /* the last block to finish routes the token (threadFenceReduction) */
@@ -2561,11 +2754,11 @@ struct moe1_src {
     const mxc_moe1 &p;
     const mxc_mat *sm;
     int lj;
-    int64_t lr, lgr, ogr;
-    __device__ moe1_src(const mxc_moe1 &q, const mxc_mat *s) : p(q), sm(s), lj(q.lo), lr(0), lgr(0), ogr(0) {}
+    int64_t lr;
+    __device__ moe1_src(const mxc_moe1 &q, const mxc_mat *s) : p(q), sm(s), lj(q.lo), lr(0) {}
     __device__ __forceinline__ void locate(int64_t g)
     {
-        lgr = p.off[p.lo] + 2 * g;
+        const int64_t lgr = p.off[p.lo] + 2 * g;
         while (lgr >= p.off[lj + 1])
             lj++;
         lr = lgr - p.off[lj];
@@ -2578,41 +2771,42 @@ struct moe1_src {
         load_chunk<BITS, DT, 4>(um, lr, c, st, 2);
         load_chunk<BITS, DT, 4>(um, lr + 1, c, st, 3);
     }
-    __device__ __forceinline__ void store(const float *v, int lane)
+    __device__ __forceinline__ void store(int64_t g, const float *v, int lane)
     {
+        const int64_t ogr = p.off[p.lo] + 2 * g;
         if (lane == 0)
             p.h[ogr] = glu(p.act, v[0], v[2]);
         else if (lane == 1)
             p.h[ogr + 1] = glu(p.act, v[1], v[3]);
     }
-    __device__ __forceinline__ void advance() { ogr = lgr; }
 };
 
-template <int BITS, int DT>
+template <int BITS, int DT, bool IX>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
     extern __shared__ float4 smem_f4[];
     const int nch = (int)(p.d >> 5);
-    float *xs = (float *)smem_f4, *sums = xs + nch * XS;
+    uint32_t *dg = (uint32_t *)smem_f4;
+    float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     pdl_enter();
     load_slots(p, sm, 0, 2);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
     moe1_src<BITS, DT> src(p, sm);
-    mv_stage<BITS, 4> cur;
-    if (g < G) {   /* the first weights in flight while x is staged */
-        src.locate(g);
-        src.advance();
-        if (lane < nch)
-            src.load(lane, cur);
-    }
-    if (p.has_nin)
+    mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT>> walk(g, gstride, G, nch, lane);
+    walk.prime(src);   /* the first weights in flight while x is staged */
+    if (IX && p.has_nin) {
         stage_norm(p.nin, nch * 32, xs, sums);
-    else
+        stage_digits<BITS>(xs, XS, nch, dg);
+    } else if (IX) {
+        stage_digits<BITS>(p.x, 32, nch, dg);
+    } else if (p.has_nin) {
+        stage_norm(p.nin, nch * 32, xs, sums);
+    } else {
         stage_x(p.x, nch, xs, sums);
-    if (g < G)
-        stream_rows<BITS, DT, 4>(src, cur, g, gstride, G, nch, xs, sums, lane);
+    }
+    walk.template run<DT, IX>(src, g, xs, sums, dg);
 }
 
 /* Phase 2: the blocks [blk[j], blk[j + 1]) take slot j's down rows
@@ -2622,8 +2816,8 @@ template <int BITS, int DT, int R>
 struct moe2_src {
     const mxc_mat &m;
     float *y;
-    int64_t rows, lr0, or0;
-    __device__ moe2_src(const mxc_mat &mm, float *yy, int64_t d) : m(mm), y(yy), rows(d), lr0(0), or0(0) {}
+    int64_t rows, lr0;
+    __device__ moe2_src(const mxc_mat &mm, float *yy, int64_t d) : m(mm), y(yy), rows(d), lr0(0) {}
     __device__ __forceinline__ void locate(int64_t g) { lr0 = g * R; }
     __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
     {
@@ -2631,17 +2825,17 @@ struct moe2_src {
         for (int i = 0; i < R; i++)
             load_chunk<BITS, DT, R>(m, min(lr0 + i, rows - 1), c, st, i);
     }
-    __device__ __forceinline__ void store(const float *v, int lane)
+    __device__ __forceinline__ void store(int64_t g, const float *v, int lane)
     {
+        const int64_t or0 = g * R;
 #pragma unroll
         for (int i = 0; i < R; i++)
             if (lane == i && or0 + i < rows)
                 y[or0 + i] = v[i];
     }
-    __device__ __forceinline__ void advance() { or0 = lr0; }
 };
 
-template <int BITS, int DT, int R>
+template <int BITS, int DT, int R, bool IX>
 __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mxc_moe1 p)
 {
     __shared__ mxc_mat sm;
@@ -2651,7 +2845,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     while ((int)blockIdx.x >= p.blk[j + 1])
         j++;
     const int nch = (p.off[j + 1] - p.off[j]) >> 5;
-    float *xs = (float *)smem_f4, *sums = xs + nch * XS;
+    uint32_t *dg = (uint32_t *)smem_f4;
+    float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     if (threadIdx.x == 0)
         sm = p.table[3 * p.P[j] + 2];
     __syncthreads();
@@ -2660,16 +2855,13 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     const int64_t g = (int64_t)(blockIdx.x - p.blk[j]) * WARPS + warp;
     const int64_t gstride = (int64_t)(p.blk[j + 1] - p.blk[j]) * WARPS;
     moe2_src<BITS, DT, R> src(sm, p.Y + (int64_t)j * p.d, p.d);
-    mv_stage<BITS, R> cur;
-    if (g < G) {   /* the first weights in flight while h is staged */
-        src.locate(g);
-        src.advance();
-        if (lane < nch)
-            src.load(lane, cur);
-    }
-    stage_x(p.h + p.off[j], nch, xs, sums);
-    if (g < G)
-        stream_rows<BITS, DT, R>(src, cur, g, gstride, G, nch, xs, sums, lane);
+    mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, moe2_src<BITS, DT, R>> walk(g, gstride, G, nch, lane);
+    walk.prime(src);   /* the first weights in flight while h is staged */
+    if constexpr (IX)
+        stage_digits<BITS>(p.h + p.off[j], 32, nch, dg);
+    else
+        stage_x(p.h + p.off[j], nch, xs, sums);
+    walk.template run<DT, IX>(src, g, xs, sums, dg);
 }
 
 static int g_nsm;
@@ -2709,7 +2901,10 @@ static int resident(const void *k, size_t smem)
     return n;
 }
 
-static size_t stage_bytes(int64_t cols) { return (size_t)(cols >> 5) * (XS + 1) * sizeof(float); }
+static size_t stage_bytes(int64_t cols, bool ix)
+{
+    return (size_t)(cols >> 5) * (XS + 1 + (ix ? DS : 0)) * sizeof(float);
+}
 
 /* The streaming kernel's width and scale dtype for matrices ms[0..n), or 0
  * when they do not all share one of 4 or 8 bits and one dtype. */
@@ -2724,19 +2919,19 @@ static int stream_bits(const mxc_mat *ms, int n)
     return bits;
 }
 
-template <int BITS, int DT, int R>
+template <int BITS, int DT, int R, bool IX>
 static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
                       const mxc_route *rt, int *cnt)
 {
     int64_t G = 0;
     for (int i = 0; i < mv->n; i++)
         G += (mv->m[i].rows + R - 1) / R;
-    const size_t smem = stage_bytes(mv->m[0].cols);
-    const int64_t want = (G + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_mvs<BITS, DT, R>, smem) * sm_count();
+    const size_t smem = stage_bytes(mv->m[0].cols, IX);
+    const int64_t want = (G + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_mvs<BITS, DT, R, IX>, smem) * sm_count();
     const unsigned nb = (unsigned)(want < fit ? want : fit);
     const mxc_norm_in no_nin = {};
     const mxc_route no_rt = {};
-    return launch_k(k_mvs<BITS, DT, R>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
+    return launch_k(k_mvs<BITS, DT, R, IX>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
                     nin ? *nin : no_nin, nin ? 1 : 0, rt ? *rt : no_rt, rt ? cnt : (int *)nullptr);
 }
 
@@ -2752,20 +2947,20 @@ static int64_t mv_groups(const mxc_mv *mv, int R)
 /* launch_mvs with the most rows per warp (4, 2 or 1; 8-bit: 2 or 1) that
  * still gives three quarters of the resident blocks work: a short matrix
  * (o_proj, a router) spreads over more warps instead of leaving SMs idle. */
-template <int BITS, int DT>
+template <int BITS, int DT, bool IX>
 static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
                         const mxc_route *rt, int *cnt)
 {
     constexpr int RMAX = BITS == 4 ? 4 : 2;
-    const int64_t fit = (int64_t)resident((const void *)k_mvs<BITS, DT, RMAX>, stage_bytes(mv->m[0].cols)) * sm_count();
+    const int64_t fit = (int64_t)resident((const void *)k_mvs<BITS, DT, RMAX, IX>, stage_bytes(mv->m[0].cols, IX)) * sm_count();
     const int64_t enough = fit * 3 / 4;
     if constexpr (RMAX == 4) {
         if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
-            return launch_mvs<BITS, DT, 4>(st, mv, x, nin, rt, cnt);
+            return launch_mvs<BITS, DT, 4, IX>(st, mv, x, nin, rt, cnt);
     }
     if ((mv_groups(mv, 2) + WARPS - 1) / WARPS >= enough)
-        return launch_mvs<BITS, DT, 2>(st, mv, x, nin, rt, cnt);
-    return launch_mvs<BITS, DT, 1>(st, mv, x, nin, rt, cnt);
+        return launch_mvs<BITS, DT, 2, IX>(st, mv, x, nin, rt, cnt);
+    return launch_mvs<BITS, DT, 1, IX>(st, mv, x, nin, rt, cnt);
 }
 
 int mxc_stream_ok(const mxc_mat *ms, int n)
@@ -2788,7 +2983,8 @@ static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, cons
     const int dt = mv->m[0].dt;
 #define MXC_MVS(B, D) \
     if (bits == B && dt == D) \
-        return launch_mvs_r<B, D>(st, mv, x, nin, rt, cnt);
+        return g_idot ? launch_mvs_r<B, D, true>(st, mv, x, nin, rt, cnt) \
+                      : launch_mvs_r<B, D, false>(st, mv, x, nin, rt, cnt);
     MXC_MVS(4, MXC_F16) MXC_MVS(4, MXC_BF16) MXC_MVS(4, MXC_F32)
     MXC_MVS(8, MXC_F16) MXC_MVS(8, MXC_BF16) MXC_MVS(8, MXC_F32)
 #undef MXC_MVS
@@ -2813,15 +3009,15 @@ static int share_blocks(mxc_moe1 *q, int64_t nb, int R)
     return q->blk[q->hi];
 }
 
-template <int BITS, int DT>
+template <int BITS, int DT, bool IX>
 static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
 {
     mxc_moe1 q = *p;
     /* phase 1 over every slot's h rows */
     const int64_t G1 = (q.off[q.hi] - q.off[q.lo]) / 2;
-    const size_t smem1 = stage_bytes(q.d);
-    int64_t want = (G1 + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_moe1s<BITS, DT>, smem1) * sm_count();
-    int rc = launch_k(k_moe1s<BITS, DT>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, q, G1);
+    const size_t smem1 = stage_bytes(q.d, IX);
+    int64_t want = (G1 + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX>, smem1) * sm_count();
+    int rc = launch_k(k_moe1s<BITS, DT, IX>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, q, G1);
     if (rc)
         return rc;
     /* phase 2: the most rows per warp that keeps three quarters of the
@@ -2829,17 +3025,17 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
     int64_t widest = 0;
     for (int j = q.lo; j < q.hi; j++)
         widest = q.off[j + 1] - q.off[j] > widest ? q.off[j + 1] - q.off[j] : widest;
-    const size_t smem2 = stage_bytes(widest);
+    const size_t smem2 = stage_bytes(widest, IX);
     constexpr int RMAX = BITS == 4 ? 4 : 2;
-    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX>, smem2) * sm_count();
+    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX>, smem2) * sm_count();
     if constexpr (RMAX == 4) {
         if (share_blocks(&q, nb, 4) >= nb * 3 / 4)
-            return launch_k(k_moe2s<BITS, DT, 4>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+            return launch_k(k_moe2s<BITS, DT, 4, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
     }
     if (share_blocks(&q, nb, 2) >= nb * 3 / 4)
-        return launch_k(k_moe2s<BITS, DT, 2>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+        return launch_k(k_moe2s<BITS, DT, 2, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
     share_blocks(&q, nb, 1);
-    return launch_k(k_moe2s<BITS, DT, 1>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+    return launch_k(k_moe2s<BITS, DT, 1, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
 }
 
 int mxc_matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
@@ -2861,7 +3057,7 @@ int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt)
             return (int)cudaErrorInvalidValue;
 #define MXC_MOES(B, D) \
     if (bits == B && dt == D) \
-        return launch_moe_s<B, D>(st, p);
+        return g_idot ? launch_moe_s<B, D, true>(st, p) : launch_moe_s<B, D, false>(st, p);
     MXC_MOES(4, MXC_F16) MXC_MOES(4, MXC_BF16) MXC_MOES(4, MXC_F32)
     MXC_MOES(8, MXC_F16) MXC_MOES(8, MXC_BF16) MXC_MOES(8, MXC_F32)
 #undef MXC_MOES
