@@ -2192,17 +2192,6 @@ int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p)
 /* the widest x a block stages (floats); wider rows take the kernels above */
 #define MXC_STAGE_MAX 20480
 
-template <int DT>
-__device__ __forceinline__ float ld_sc(const void *p, int64_t i)
-{
-    if constexpr (DT == MXC_F16)
-        return __half2float(__ushort_as_half(__ldg((const unsigned short *)p + i)));
-    else if constexpr (DT == MXC_BF16)
-        return __uint_as_float((uint32_t)__ldg((const unsigned short *)p + i) << 16);
-    else
-        return __ldg((const float *)p + i);
-}
-
 /* x[0 .. 32 nch) into shared memory (chunk c at xs + c * XS), sums[c] the
  * sum of chunk c.  Every thread of the block calls it. */
 __device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, float *xs, float *sums)
@@ -2225,7 +2214,7 @@ __device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, fl
 
 /* stage_x of norm(x + delta) (mxc_norm_in): each block computes the norm
  * of the whole row itself (the same arithmetic as k_addnorm); block 0
- * writes x + delta to x_out. */
+ * writes x + delta to x_out.  sums NULL: no chunk sums. */
 __device__ __noinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums)
 {
     double ss = 0.0, sum = 0.0;
@@ -2310,6 +2299,8 @@ __device__ __noinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, 
         }
     }
     __syncthreads();
+    if (!sums)   /* the caller makes digits and sums of its own (stage_digits) */
+        return;
     const int nch = d >> 5;
     for (int c = threadIdx.x; c < nch; c += blockDim.x) {
         const float4 *p = (const float4 *)(xs + c * XS);
@@ -2391,7 +2382,10 @@ __device__ __noinline__ void route_small(const mxc_route &r, int lane)
 template <int BITS, int R>
 struct mv_stage {
     uint32_t w[R][BITS];
-    float s[R], b[R];
+    /* scales and biases as raw bits (ldraw_t), turned into floats where
+     * they are used: a conversion at the load would stall the warp on a
+     * load issued an item ahead (the point of issuing it early) */
+    uint32_t s[R], b[R];
 };
 
 /* Chunk c of row r of m into row slot i of a stage. */
@@ -2402,12 +2396,12 @@ __device__ __forceinline__ void load_chunk(const mxc_mat &m, int64_t r, int c, m
     const int gsh = __ffs(m.gs) - 6;
     load_words<BITS>((const uint32_t *)m.w + r * nchm * BITS + (int64_t)c * BITS, st.w[i]);
     const int64_t gi = r * (nchm >> gsh) + (c >> gsh);
-    st.s[i] = ld_sc<DT>(m.s, gi);
-    st.b[i] = ld_sc<DT>(m.b, gi);
+    st.s[i] = ldraw_t<DT>(m.s, gi);
+    st.b[i] = ldraw_t<DT>(m.b, gi);
 }
 
 /* acc[i] += row i's chunk . x chunk xc (sum sx) for the stage's R rows. */
-template <int BITS, int R>
+template <int BITS, int DT, int R>
 __device__ __forceinline__ void stage_dot(const mv_stage<BITS, R> &st, const float *xc, float sx, float *acc)
 {
     float d[R], x8[8];
@@ -2425,7 +2419,7 @@ __device__ __forceinline__ void stage_dot(const mv_stage<BITS, R> &st, const flo
 #undef MXC_SQ
 #pragma unroll
     for (int i = 0; i < R; i++)
-        acc[i] += st.s[i] * d[i] + st.b[i] * sx;
+        acc[i] += rawf_t<DT>(st.s[i]) * d[i] + rawf_t<DT>(st.b[i]) * sx;
 }
 
 /* ---- integer dot products on exact digits of x ------------------------------------
@@ -2552,7 +2546,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
 }
 
 /* stage_dot on the digits of chunk dc (DS words). */
-template <int BITS, int R>
+template <int BITS, int DT, int R>
 __device__ __forceinline__ void stage_idot(const mv_stage<BITS, R> &st, const uint32_t *dc, float *acc)
 {
     uint32_t D[3][8];
@@ -2579,7 +2573,7 @@ __device__ __forceinline__ void stage_idot(const mv_stage<BITS, R> &st, const ui
             s2 = dp4a_us(w, D[2][j], s2);
         }
         const float t = fmaf((float)s2, 65536.0f, (float)(s1 * 256 + s0));
-        acc[i] += st.s[i] * (dx * t) + st.b[i] * sx;
+        acc[i] += rawf_t<DT>(st.s[i]) * (dx * t) + rawf_t<DT>(st.b[i]) * sx;
     }
 }
 
@@ -2632,9 +2626,9 @@ struct mv_walk {
             const int c = k * 32 + lane;
             if (c < nch) {
                 if constexpr (IX)
-                    stage_idot<BITS, R>(st[0], dg + c * DS, acc);
+                    stage_idot<BITS, DT, R>(st[0], dg + c * DS, acc);
                 else
-                    stage_dot<BITS, R>(st[0], xs + c * XS, sums[c], acc);
+                    stage_dot<BITS, DT, R>(st[0], xs + c * XS, sums[c], acc);
             }
             if (++k == kc) {
                 float v[R];
@@ -2720,7 +2714,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
     walk.prime(src);   /* weights only: nothing an earlier kernel writes */
     pdl_wait();
     if (IX && has_nin) {
-        stage_norm(nin, nch * 32, xs, sums);
+        stage_norm(nin, nch * 32, xs, nullptr);
         stage_digits<BITS>(xs, XS, nch, dg);
     } else if (IX) {
         stage_digits<BITS>(x, 32, nch, dg);
@@ -2797,7 +2791,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT>> walk(g, gstride, G, nch, lane);
     walk.prime(src);   /* the first weights in flight while x is staged */
     if (IX && p.has_nin) {
-        stage_norm(p.nin, nch * 32, xs, sums);
+        stage_norm(p.nin, nch * 32, xs, nullptr);
         stage_digits<BITS>(xs, XS, nch, dg);
     } else if (IX) {
         stage_digits<BITS>(p.x, 32, nch, dg);
