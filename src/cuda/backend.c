@@ -1491,6 +1491,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     cudaError_t ce = cudaSetDevice(0);
     if (ce == cudaSuccess)
         ce = cudaStreamCreate(&c->st);
+    if (ce == cudaSuccess)   /* a __constant__ of the kernels: after the device is set */
+        mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
     if (ce != cudaSuccess) {
         rc = cu_fail(e, ce, "starting GPU 0");
         goto fail;

@@ -169,6 +169,11 @@ int mxc_add(cudaStream_t st, float *x, const mxc_delta *delta, int T, int d);
  * (on unless MLXCEL_CUDA_PDL=0). */
 void mxc_set_pdl(int on);
 
+/* The streaming kernels and the one-token attention trigger their
+ * successor's launch after their main work (on unless
+ * MLXCEL_CUDA_PDL_TRIGGER=0; off: when their last block exits). */
+void mxc_set_pdl_trigger(int on);
+
 /* A prompt's q/k/v heads a warp each (on unless MLXCEL_CUDA_QKV_WARP=0;
  * off: a block each, as one-token steps). */
 void mxc_set_qkv_warp(int on);

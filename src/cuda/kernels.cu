@@ -57,6 +57,25 @@ __device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.laun
 #else
 __device__ __forceinline__ void pdl_go(void) {}
 #endif
+/* The streaming kernels and the one-token attention let their successor
+ * launch once every block is past its main work (the successor's blocks
+ * then become resident as these exit, and issue their first weight loads
+ * before they wait) instead of after the last block has exited; not at
+ * the top of the kernel, where the successor's blocks would take SM slots
+ * from blocks of this grid not yet started.  Off: MLXCEL_CUDA_PDL_TRIGGER=0. */
+__constant__ int c_pdl_trigger = 1;
+
+extern "C" void mxc_set_pdl_trigger(int on)
+{
+    cudaMemcpyToSymbol(c_pdl_trigger, &on, sizeof on);
+}
+
+__device__ __forceinline__ void pdl_trigger(void)
+{
+    if (c_pdl_trigger)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 /* what a kernel does first when it has nothing to do before the wait */
 __device__ __forceinline__ void pdl_enter(void)
 {
@@ -1776,6 +1795,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         }
         attend_split(a, h, t, lo, hi, part, qs, sc, red);
     }
+    pdl_trigger();
     if (a.cnt)
         combine_last(a, h, t);
 }
@@ -2724,6 +2744,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
         stage_x(x, nch, xs, sums);
     }
     walk.template run<DT, IX>(src, g, xs, sums, dg);
+    pdl_trigger();
     if (!cnt)
         return;
     /* the last block to finish routes the token (threadFenceReduction) */
@@ -2801,6 +2822,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         stage_x(p.x, nch, xs, sums);
     }
     walk.template run<DT, IX>(src, g, xs, sums, dg);
+    pdl_trigger();
 }
 
 /* Phase 2: the blocks [blk[j], blk[j + 1]) take slot j's down rows
@@ -2856,6 +2878,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     else
         stage_x(p.h + p.off[j], nch, xs, sums);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
+    pdl_trigger();
 }
 
 static int g_nsm;
