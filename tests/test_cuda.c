@@ -452,7 +452,7 @@ static void wide_linears(int64_t rows)
 
 /* GPU vs CPU on the trained demo model: prompts of n tokens, then steps
  * greedy tokens, logits within 1e-3 and the same greedy ids. */
-static void kjv(const char *dir, int n, int steps)
+static void kjv(const char *dir, int n, int steps, int window)
 {
     mx_err e = {0};
     mx_model *cpu = NULL, *gpu = NULL;
@@ -460,6 +460,11 @@ static void kjv(const char *dir, int n, int steps)
     CHECK_OK(mx_model_load(dir, &gpu, &e), &e);
     if (!cpu || !gpu)
         goto out;
+    /* window > 0: every layer attends to its last `window` positions (the
+     * one-token attention's splits then start inside the window, or are
+     * empty) */
+    for (int l = 0; window > 0 && l < cpu->n_layers; l++)
+        cpu->layers[l].attn.window = gpu->layers[l].attn.window = window;
     CHECK_OK(mx_device_select(gpu, "cuda", &e), &e);
     const int V = cpu->vocab;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
@@ -488,7 +493,7 @@ static void kjv(const char *dir, int n, int steps)
     }
     CHECKF(worst < 1e-3, "kjv-moe: decode logits after %d prompt tokens differ by %g", n, worst);
     CHECKF(same, "kjv-moe: greedy ids differ between CPU and GPU after %d prompt tokens", n);
-    fprintf(stderr, "kjv-moe prompt %d: GPU vs CPU prompt logits %.2g, decode %.2g\n", n, d, worst);
+    fprintf(stderr, "kjv-moe prompt %d, window %d: GPU vs CPU prompt logits %.2g, decode %.2g\n", n, window, d, worst);
     mx_seq_free(sc);
     mx_seq_free(sg);
     free(ids), free(a), free(b);
@@ -533,9 +538,10 @@ int main(void)
     if (src) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/models/kjv-moe", src);
-        kjv(dir, 1, 8);
-        kjv(dir, 5, 8);
-        kjv(dir, 600, 16);
+        kjv(dir, 1, 8, 0);
+        kjv(dir, 5, 8, 0);
+        kjv(dir, 600, 16, 0);
+        kjv(dir, 600, 16, 100);
         kjv_batch(dir);
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
