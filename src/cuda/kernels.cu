@@ -726,13 +726,16 @@ __global__ void __launch_bounds__(256) k_tile(mxc_tile a)
  * mm_pos(v), where ldmatrix hands each lane exactly its B fragments.
  *
  * Blocks of 4 warps take 64 rows (dual: 32 rows of both matrices) x 64
- * tokens, a warp 32 rows x 32 tokens (2 x 4 MMA tiles, two parts each);
- * each stage stages 4 chunks of weights and of both parts of X in shared
- * memory with cp.async. */
+ * tokens, a warp 32 rows x 32 tokens (2 x 4 MMA tiles, two parts each),
+ * or for tiles of up to 32 tokens 16 rows x 32 tokens (mm_mode); each
+ * stage holds 2 chunks of weights and of both parts of X in shared memory,
+ * copied by cp.async MM_NS - 1 stages ahead, each thread's share of the
+ * copies worked out once before the K loop. */
 
 #define MM_THREADS 128
 #define MM_R 64
 #define MM_KC 2
+#define MM_NS 3                  /* stages of the K loop in flight (cp.async) */
 #ifndef MXC_MM_MINB
 #define MXC_MM_MINB 3            /* resident blocks per SM the registers are sized for */
 #endif
@@ -896,13 +899,123 @@ __device__ __forceinline__ float rawf_t(uint32_t v)
         return __uint_as_float(v);
 }
 
+/* Words per weight row of a stage (padded: the 8 rows of an A fragment
+ * load hit distinct banks). */
+__host__ __device__ constexpr int mm_wst(int bits) { return MM_KC * bits + (bits == 4 ? 4 : 8); }
+
+/* Bytes of one stage: both parts of X, the chunk sums, the weights. */
+__host__ __device__ constexpr int mm_stage(int bits)
+{
+    return 2 * MXC_MM_T * MM_XP * 2 + MXC_MM_T * MM_KC * 4 + MM_R * mm_wst(bits) * 4;
+}
+
+__device__ __forceinline__ void cp_async16s(unsigned s, const void *gmem)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4s(unsigned s, const void *gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+/* One chunk (two k16 steps) of a warp's MT x NT MMA tiles (16 rows x 8
+ * tokens each), both parts of X.  Wp: the lane's first weight word of the
+ * chunk, Xp: its ldmatrix row of the first token tile, Sp: the chunk sum
+ * of its first token.  The MMAs go out in an order where consecutive ones
+ * update different accumulators (a dependent pair back to back stalls the
+ * warp for the MMA's latency); Z: the group's first chunk, whose first MMA
+ * starts from zero. */
+template <int BITS, int MT, int NT, bool Z>
+__device__ __forceinline__ void mm_chunk(float (&acc)[2][4][4], float (&sx)[4][2], const uint32_t *Wp,
+                                         const __half *Xp, const float *Sp)
+{
+    constexpr int WST = mm_wst(BITS);
+    uint32_t w[MT][2][BITS == 4 ? 1 : 2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t *p = Wp + (m * 16 + 8 * h) * WST;
+            if constexpr (BITS == 4) {
+                w[m][h][0] = p[0];
+            } else {
+                const uint2 v = *(const uint2 *)p;
+                w[m][h][0] = v.x, w[m][h][1] = v.y;
+            }
+        }
+    /* the group's running sums of x / dx of this lane's tokens */
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            sx[n][e] += Sp[(n * 8 + e) * MM_KC];
+    uint32_t af[2][MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        af[0][m][0] = mm_pair<BITS, 0>(w[m][0]);
+        af[0][m][1] = mm_pair<BITS, 0>(w[m][1]);
+        af[0][m][2] = mm_pair<BITS, 1>(w[m][0]);
+        af[0][m][3] = mm_pair<BITS, 1>(w[m][1]);
+        af[1][m][0] = mm_pair<BITS, 2>(w[m][0]);
+        af[1][m][1] = mm_pair<BITS, 2>(w[m][1]);
+        af[1][m][2] = mm_pair<BITS, 3>(w[m][0]);
+        af[1][m][3] = mm_pair<BITS, 3>(w[m][1]);
+    }
+#pragma unroll
+    for (int part = 0; part < 2; part++) {
+        uint32_t b[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            ldsm_x4(Xp + (part * MXC_MM_T + n * 8) * MM_XP, b[n]);
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    if (Z && part == 0 && ks == 0)
+                        mma16816z(acc[m][n], af[0][m], b[n][0], b[n][1]);
+                    else
+                        mma16816(acc[m][n], af[ks][m], b[n][2 * ks], b[n][2 * ks + 1]);
+                }
+    }
+}
+
+/* The end of a group: tot += s_g * acc + b_g * sum_g(x / dx). */
+template <int MT, int NT>
+__device__ __forceinline__ void mm_fold(float (&tot)[2][4][4], const float (&acc)[2][4][4], float (&sx)[4][2],
+                                        const float (&sc)[2][2], const float (&bb)[2][2])
+{
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                tot[m][n][i] += sc[m][i >> 1] * acc[m][n][i] + bb[m][i >> 1] * sx[n][i & 1];
+        sx[n][0] = sx[n][1] = 0.0f;
+    }
+}
+
+/* Warp layouts.  A tile of more than 32 tokens: warp (wr, wt) = (warp & 1,
+ * warp >> 1) takes rows 32 wr .. + 32 of the block's 64 (dual: wr picks
+ * gate or up) and tokens 32 wt .. + 32, MT = 2.  A tile of 32 tokens or
+ * fewer (most of a prompt's expert tiles): the warps split the rows
+ * instead, warp w rows 16 w .. + 16, every token, MT = 1, so no warp is
+ * left without tokens.  NT: the warp's token tiles of 8 that hold tokens,
+ * rounded up to 2 or 4 (mode 0: none). */
+__device__ __forceinline__ int mm_mode(int mt, int ntv) { return ntv == 0 ? 0 : (mt - 1) * 2 + (ntv > 2 ? 2 : 1); }
+
 template <int BITS, int DT>
 __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 {
-    constexpr int WST = MM_KC * BITS + (BITS == 4 ? 4 : 8);   /* words per weight row of a stage (padded) */
+    constexpr int WST = mm_wst(BITS);
     constexpr int PPR = MM_KC * BITS / 4;                    /* 16-byte pieces per weight row of a full stage */
-    constexpr int XH = 2 * MXC_MM_T * MM_XP;                 /* halves of both parts of X in a stage */
-    constexpr int STAGE = XH * 2 + MXC_MM_T * MM_KC * 4 + MM_R * WST * 4;   /* bytes of a stage */
+    constexpr int WK = MM_R * PPR / MM_THREADS;              /* of them per thread */
+    constexpr int XB = 2 * MXC_MM_T * MM_XP * 2;             /* bytes of both parts of X in a stage */
+    constexpr int STAGE = mm_stage(BITS);
+    static_assert(MM_KC == 2 && MM_THREADS == 128, "the staging assumes 8 pieces a token row, 128 threads");
     extern __shared__ float4 smem_f4[];
     __shared__ int64_t xrows[MXC_MM_T];
     __shared__ int64_t xoff[MXC_MM_T];   /* xrows * ld: the row's first half in mm.hi / mm.lo */
@@ -931,22 +1044,23 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     if (r0 >= M0.rows)
         return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int wr = warp & 1, wt = warp >> 1;
     if (tid < MXC_MM_T) {
         xrows[tid] = tid < it.n ? (a.in_list ? a.in_list[it.off + tid] : it.off + tid) : -1;
         xoff[tid] = xrows[tid] >= 0 ? xrows[tid] * a.mm.ld : -1;
     }
-    /* the warp's matrix (dual: gate or up), by fields (no local copy to index) */
-    const bool w1 = a.dual && wr;
+    const int mt = it.n <= 32 ? 1 : 2;
+    const int wsr = mt == 1 ? warp * 16 : (warp & 1) * 32;   /* the warp's first row of the stage */
+    const int tb = mt == 1 ? 0 : (warp >> 1) * 32;            /* its first token of the tile */
+    /* the warp's matrix (dual: stage rows 0..31 gate, 32..63 up), by fields */
+    const bool w1 = a.dual && wsr >= 32;
     const void *ws = w1 ? M1.s : M0.s, *wb = w1 ? M1.b : M0.b;
     const int64_t wrows = w1 ? M1.rows : M0.rows, wgs = w1 ? M1.gs : M0.gs;
-    const int64_t wrow0 = a.dual ? r0 : r0 + wr * 32;   /* the warp's first row of its matrix */
+    const int64_t wrow0 = a.dual ? r0 + (wsr & 31) : r0 + wsr;   /* the warp's first row of its matrix */
     const int nch = (int)(M0.cols >> 5);
     const int64_t gpr = M0.cols / wgs;
     const int cpg = (int)(wgs >> 5);                     /* chunks per group (gate and up may differ) */
     const int64_t wpr = M0.cols * BITS / 32;             /* words per row */
-    const int ntv = min(4, max(0, (it.n - wt * 32 + 7) >> 3));   /* the warp's token tiles with tokens */
-    const __half *xhi = (const __half *)a.mm.hi, *xlo = (const __half *)a.mm.lo;
+    const int mode = mm_mode(mt, min(4, max(0, (it.n - tb + 7) >> 3)));
     const int64_t lds = a.mm.ld >> 5;
     __syncthreads();
     /* split-K (a.splits > 1, plain single tiles): this block's chunks
@@ -954,45 +1068,53 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     const int ngr = nch / cpg, cps = (ngr + a.splits - 1) / a.splits * cpg;
     const int cbeg = (int)blockIdx.z * cps, cend = min(nch, cbeg + cps);
 
-    /* stage s of the K loop into buffer s & 1 */
-    auto load = [&](int s) {
-        unsigned char *base = (unsigned char *)smem_f4 + (s & 1) * STAGE;
-        __half *Xs = (__half *)base;
-        float *Ss = (float *)(base + XH * 2);
-        uint32_t *Ws = (uint32_t *)(base + XH * 2 + MXC_MM_T * MM_KC * 4);
-        const int c0 = cbeg + s * MM_KC, kc = min(MM_KC, cend - c0);
+    /* This thread's share of every stage's copies, worked out once: WK
+     * weight pieces, one 16-byte piece (pcx) of 4 token rows of both parts
+     * of X, one chunk sum.  Sources at stage 0; stage s is s * MM_KC chunks on. */
+    const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem_f4);
+    const unsigned char *wsrc[WK];
+    unsigned wdst[WK];
+    int wpc[WK];
 #pragma unroll
-        for (int k = 0; k < MM_R * PPR / MM_THREADS; k++) {
-            const int i = k * MM_THREADS + tid, r = i / PPR, pc = i % PPR;
-            if (pc < kc * BITS / 4) {
-                const bool m1 = a.dual && r >= 32;
-                const int64_t gr = min((a.dual ? r0 + (r & 31) : r0 + r), (m1 ? M1.rows : M0.rows) - 1);
-                cp_async16(Ws + r * WST + pc * 4,
-                           (const uint32_t *)(m1 ? M1.w : M0.w) + gr * wpr + (int64_t)c0 * BITS + pc * 4);
-            }
-        }
-        /* 2 parts x 64 tokens x 8 pieces: a token row's pieces on 8
-         * consecutive lanes (piece tid % 8 of rows tid / 8 + 16 k) */
-        static_assert(MM_KC == 2 && MM_THREADS == 128, "X staging assumes 8 pieces a row, 128 threads");
-        {
-            const int pc = tid & 7;
-            if (pc < kc * 4) {
+    for (int k = 0; k < WK; k++) {
+        const int i = k * MM_THREADS + tid, r = i / PPR, pc = i % PPR;
+        const bool m1 = a.dual && r >= 32;
+        const int64_t gr = min((a.dual ? r0 + (r & 31) : r0 + r), (m1 ? M1.rows : M0.rows) - 1);
+        wsrc[k] = (const unsigned char *)((const uint32_t *)(m1 ? M1.w : M0.w) + gr * wpr + (int64_t)cbeg * BITS + pc * 4);
+        wdst[k] = XB + MXC_MM_T * MM_KC * 4 + (r * WST + pc * 4) * 4;
+        wpc[k] = pc;
+    }
+    const int pcx = tid & 7;
+    int64_t xsrc[4];   /* byte offsets into mm.hi and mm.lo, -1: no token */
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const int lt = (tid >> 3) + 16 * (k & 3);
-                    const int64_t xo = xoff[lt];
-                    if (xo >= 0)
-                        cp_async16(Xs + ((k >> 2) * MXC_MM_T + lt) * MM_XP + pc * 8,
-                                   ((k >> 2) ? xlo : xhi) + xo + c0 * 32 + pc * 8);
+    for (int j = 0; j < 4; j++) {
+        const int64_t xo = xoff[(tid >> 3) + 16 * j];
+        xsrc[j] = xo >= 0 ? (xo + (int64_t)cbeg * 32 + pcx * 8) * 2 : -1;
+    }
+    const unsigned xdst = (((tid >> 3) * MM_XP) + pcx * 8) * 2;
+    const float *ssrc = xrows[tid >> 1] >= 0 ? a.mm.sum + xrows[tid >> 1] * lds + cbeg + (tid & 1) : nullptr;
+    const unsigned sdst = XB + tid * 4;   /* token tid / 2, chunk tid % 2 */
+    const unsigned char *xhi = (const unsigned char *)a.mm.hi, *xlo = (const unsigned char *)a.mm.lo;
+
+    /* stage s of the K loop into buffer b (every call commits a group, empty or not) */
+    auto load = [&](int s, int b) {
+        const unsigned st = sbase + b * STAGE;
+        const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
+#pragma unroll
+        for (int k = 0; k < WK; k++)
+            if (wpc[k] < kc * BITS / 4)
+                cp_async16s(st + wdst[k], wsrc[k] + s * (MM_KC * BITS * 4));
+        if (pcx < kc * 4) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (xsrc[j] >= 0) {
+                    const int64_t o = xsrc[j] + s * (MM_KC * 64);
+                    cp_async16s(st + xdst + j * 16 * MM_XP * 2, xhi + o);
+                    cp_async16s(st + xdst + (j * 16 + MXC_MM_T) * MM_XP * 2, xlo + o);
                 }
-            }
         }
-        for (int i = tid; i < MXC_MM_T * MM_KC; i += MM_THREADS) {
-            const int lt = i / MM_KC, cc = i % MM_KC;
-            const int64_t xr = xrows[lt];
-            if (xr >= 0 && cc < kc)
-                cp_async4(Ss + lt * MM_KC + cc, a.mm.sum + xr * lds + c0 + cc);
-        }
+        if (ssrc && (tid & 1) < kc)
+            cp_async4s(st + sdst, ssrc + s * MM_KC);
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
 
@@ -1008,7 +1130,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     const int ns = (cend - cbeg + MM_KC - 1) / MM_KC;
     int gc = 0, grp = cbeg / cpg;   /* chunks of the current group seen, its index */
     float sx[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-    /* the scales and biases of the lane's 4 rows for the current group,
+    /* the scales and biases of the lane's rows for the current group,
      * loaded a group ahead (an L2 round trip per group otherwise stalls
      * every warp at every group's end) */
     int64_t srow[2][2];
@@ -1021,68 +1143,43 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
             rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + grp);
             rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + grp);
         }
-    load(0);
+    /* MM_NS stages in flight: stage s + MM_NS - 1 is loaded into the buffer
+     * stage s - 1 used, once every warp is past the barrier at stage s */
+#pragma unroll
+    for (int p = 0; p < MM_NS - 1; p++) {
+        if (p < ns)
+            load(p, p);
+        else
+            asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    int buf = 0;
     for (int s = 0; s < ns; s++) {
-        if (s + 1 < ns) {
-            load(s + 1);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-        }
+        asm volatile("cp.async.wait_group %0;" ::"n"(MM_NS - 2) : "memory");
         __syncthreads();
-        const unsigned char *base = (const unsigned char *)smem_f4 + (s & 1) * STAGE;
+        if (s + MM_NS - 1 < ns)
+            load(s + MM_NS - 1, buf == 0 ? MM_NS - 1 : buf - 1);
+        else
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        const unsigned char *base = (const unsigned char *)smem_f4 + buf * STAGE;
         const __half *Xs = (const __half *)base;
-        const float *Ss = (const float *)(base + XH * 2);
-        const uint32_t *Ws = (const uint32_t *)(base + XH * 2 + MXC_MM_T * MM_KC * 4);
+        const float *Ss = (const float *)(base + XB);
+        const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
         const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
         for (int cc = 0; cc < kc; cc++) {
-            uint32_t w[2][2][BITS == 4 ? 1 : 2];
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint32_t *p = Ws + (wr * 32 + m * 16 + g + 8 * h) * WST + cc * BITS;
-                    if constexpr (BITS == 4) {
-                        w[m][h][0] = p[t4];
-                    } else {
-                        const uint2 v = *(const uint2 *)(p + 2 * t4);
-                        w[m][h][0] = v.x, w[m][h][1] = v.y;
-                    }
-                }
-            /* the group's running sums of x / dx of this lane's 8 tokens */
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    sx[n][e] += Ss[(wt * 32 + n * 8 + 2 * t4 + e) * MM_KC + cc];
-            uint32_t af[2][2][4];
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                af[0][m][0] = mm_pair<BITS, 0>(w[m][0]);
-                af[0][m][1] = mm_pair<BITS, 0>(w[m][1]);
-                af[0][m][2] = mm_pair<BITS, 1>(w[m][0]);
-                af[0][m][3] = mm_pair<BITS, 1>(w[m][1]);
-                af[1][m][0] = mm_pair<BITS, 2>(w[m][0]);
-                af[1][m][1] = mm_pair<BITS, 2>(w[m][1]);
-                af[1][m][2] = mm_pair<BITS, 3>(w[m][0]);
-                af[1][m][3] = mm_pair<BITS, 3>(w[m][1]);
+            const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
+            const __half *Xp = Xs + (tb + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8;
+            const float *Sp = Ss + (tb + 2 * t4) * MM_KC + cc;
+#define MM_CHUNK(c, MT, NT) \
+    case c: \
+        if (gc == 0) \
+            mm_chunk<BITS, MT, NT, true>(acc, sx, Wp, Xp, Sp); \
+        else \
+            mm_chunk<BITS, MT, NT, false>(acc, sx, Wp, Xp, Sp); \
+        break;
+            switch (mode) {
+                MM_CHUNK(1, 1, 2) MM_CHUNK(2, 1, 4) MM_CHUNK(3, 2, 2) MM_CHUNK(4, 2, 4)
             }
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-                if (n < ntv)
-#pragma unroll
-                    for (int part = 0; part < 2; part++) {
-                        uint32_t b[4];
-                        ldsm_x4(Xs + (part * MXC_MM_T + wt * 32 + n * 8 + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8, b);
-#pragma unroll
-                        for (int m = 0; m < 2; m++) {
-                            if (part == 0 && gc == 0)
-                                mma16816z(acc[m][n], af[0][m], b[0], b[1]);
-                            else
-                                mma16816(acc[m][n], af[0][m], b[0], b[1]);
-                            mma16816(acc[m][n], af[1][m], b[2], b[3]);
-                        }
-                    }
+#undef MM_CHUNK
             if (++gc == cpg) {   /* the end of a group: fold it in */
                 float sc[2][2], bb[2][2];
                 const int64_t gn = grp + 1 < gpr ? grp + 1 : grp;
@@ -1092,27 +1189,24 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
                     for (int h = 0; h < 2; h++) {
                         sc[m][h] = rawf_t<DT>(rs[m][h]);
                         bb[m][h] = rawf_t<DT>(rb[m][h]);
-                        rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + gn);
-                        rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + gn);
+                        if (m < mt) {
+                            rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + gn);
+                            rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + gn);
+                        }
                     }
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    if (n < ntv) {
-#pragma unroll
-                        for (int m = 0; m < 2; m++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                tot[m][n][i] += sc[m][i >> 1] * acc[m][n][i] + bb[m][i >> 1] * sx[n][i & 1];
-                            }
-                    }
-                    sx[n][0] = sx[n][1] = 0.0f;
+                switch (mode) {
+                case 1: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
+                case 2: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
+                case 3: mm_fold<2, 2>(tot, acc, sx, sc, bb); break;
+                case 4: mm_fold<2, 4>(tot, acc, sx, sc, bb); break;
                 }
                 gc = 0;
                 grp++;
             }
         }
-        __syncthreads();   /* buffer s & 1 is loaded again at stage s + 2 */
+        buf = buf + 1 == MM_NS ? 0 : buf + 1;
     }
+    asm volatile("cp.async.wait_all;" ::: "memory");
     /* y = dx * tot (+ bias) */
     float dxv[4][2];
     int64_t orow[4][2];
@@ -1120,7 +1214,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     for (int n = 0; n < 4; n++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const int lt = wt * 32 + n * 8 + 2 * t4 + e;
+            const int lt = tb + n * 8 + 2 * t4 + e;
             const int64_t xr = xrows[lt];
             dxv[n][e] = xr >= 0 ? a.mm.dx[xr] : 0.0f;
             orow[n][e] = xr >= 0 ? (a.out_list ? a.out_list[it.off + lt] : it.off + lt) : -1;
@@ -1132,7 +1226,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int64_t r = wrow0 + m * 16 + g + 8 * h;
-                if (r >= M0.rows)
+                if (m >= mt || r >= M0.rows)
                     continue;
 #pragma unroll
                 for (int n = 0; n < 4; n++)
@@ -1149,7 +1243,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int64_t r = wrow0 + m * 16 + g + 8 * h;
-                if (r >= M0.rows)
+                if (m >= mt || r >= M0.rows)
                     continue;
                 const float bias = M0.bias ? M0.bias[r] : 0.0f;
 #pragma unroll
@@ -1161,8 +1255,10 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
             }
         return;
     }
-    /* dual: gate rows (warps wr = 0) and up rows (wr = 1) meet in shared memory */
-    float *G = (float *)smem_f4;   /* [2][32 rows][MXC_MM_T + 1] */
+    /* dual: gate rows (stage rows 0..31) and up rows (32..63) meet in
+     * shared memory, once every warp is done with the stages */
+    __syncthreads();
+    float *G = (float *)smem_f4;   /* [64 rows][MXC_MM_T + 1] */
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -1171,8 +1267,9 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
             for (int n = 0; n < 4; n++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    G[(wr * 32 + m * 16 + g + 8 * h) * (MXC_MM_T + 1) + wt * 32 + n * 8 + 2 * t4 + e] =
-                        dxv[n][e] * tot[m][n][2 * h + e];
+                    if (m < mt)
+                        G[(wsr + m * 16 + g + 8 * h) * (MXC_MM_T + 1) + tb + n * 8 + 2 * t4 + e] =
+                            dxv[n][e] * tot[m][n][2 * h + e];
     __syncthreads();
     for (int i = tid; i < 32 * MXC_MM_T; i += MM_THREADS) {
         const int r = i & 31, lt = i >> 5;
@@ -1183,11 +1280,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     }
 }
 
-static size_t mm_smem(int bits)
-{
-    const int wst = MM_KC * bits + (bits == 4 ? 4 : 8);
-    return 2 * (size_t)(2 * MXC_MM_T * MM_XP * 2 + MXC_MM_T * MM_KC * 4 + MM_R * wst * 4);
-}
+static size_t mm_smem(int bits) { return (size_t)MM_NS * mm_stage(bits); }
 
 static int sm_count(void);
 
