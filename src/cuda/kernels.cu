@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/kern.h"
@@ -729,13 +730,15 @@ __global__ void __launch_bounds__(256) k_tile(mxc_tile a)
  * tokens, a warp 32 rows x 32 tokens (2 x 4 MMA tiles, two parts each),
  * or for tiles of up to 32 tokens 16 rows x 32 tokens (mm_mode); each
  * stage holds 2 chunks of weights and of both parts of X in shared memory,
- * copied by cp.async MM_NS - 1 stages ahead, each thread's share of the
+ * copied by cp.async mm_ns - 1 stages ahead, each thread's share of the
  * copies worked out once before the K loop. */
 
 #define MM_THREADS 128
 #define MM_R 64
 #define MM_KC 2
-#define MM_NS 3                  /* stages of the K loop in flight (cp.async) */
+#ifndef MXC_MM_ZFILL
+#define MXC_MM_ZFILL 1
+#endif
 #ifndef MXC_MM_MINB
 #define MXC_MM_MINB 3            /* resident blocks per SM the registers are sized for */
 #endif
@@ -842,6 +845,15 @@ __device__ __forceinline__ void mma16816z(float *d, const uint32_t *a, uint32_t 
 
 /* f16 pair i of a chunk row's words (see above): values i and i + 4 of the
  * lane's 8. */
+/* (x & MASK) | 0x64006400 in one instruction (the compiler makes two). */
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t mm_and_exp(uint32_t x)
+{
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(x), "n"(MASK), "n"(0x64006400));
+    return v;
+}
+
 template <int BITS, int I>
 __device__ __forceinline__ uint32_t mm_pair(const uint32_t *w)
 {
@@ -852,12 +864,12 @@ __device__ __forceinline__ uint32_t mm_pair(const uint32_t *w)
          * and scale it back with an FMA: no shift for pairs 1 and 3 */
         const uint32_t x = I < 2 ? w[0] : w[0] >> 8;
         if constexpr (I & 1) {
-            v = (x & 0x00F000F0u) | 0x64006400u;
+            v = mm_and_exp<0x00F000F0u>(x);
             const __half2 h = __hfma2(*(const __half2 *)&v, __half2half2(__ushort_as_half((unsigned short)0x2C00)),
                                       __half2half2(__ushort_as_half((unsigned short)0xD400)));
             return *(const uint32_t *)&h;
         }
-        v = (x & 0x000F000Fu) | 0x64006400u;
+        v = mm_and_exp<0x000F000Fu>(x);
     } else {
         const uint32_t t = __byte_perm(w[0], w[1], I < 2 ? 0x5140 : 0x7362);
         v = __byte_perm(t, 0x64646464u, (I & 1) ? 0x4342 : 0x4140);
@@ -901,6 +913,10 @@ __device__ __forceinline__ float rawf_t(uint32_t v)
 
 /* Words per weight row of a stage (padded: the 8 rows of an A fragment
  * load hit distinct banks). */
+/* Stages of the K loop in flight (cp.async): 3 for 4 bits; 8-bit stages
+ * are larger and three would leave room for 2 blocks an SM instead of 3. */
+__host__ __device__ constexpr int mm_ns(int bits) { return bits == 8 ? 2 : 3; }
+
 __host__ __device__ constexpr int mm_wst(int bits) { return MM_KC * bits + (bits == 4 ? 4 : 8); }
 
 /* Bytes of one stage: both parts of X, the chunk sums, the weights. */
@@ -914,20 +930,27 @@ __device__ __forceinline__ void cp_async16s(unsigned s, const void *gmem)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-__device__ __forceinline__ void cp_async4s(unsigned s, const void *gmem)
+/* n bytes of 16 read (0 or 16), the rest zeros: a row past the tile's
+ * tokens costs no read and no branch. */
+__device__ __forceinline__ void cp_async16z(unsigned s, const void *gmem, unsigned n)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4z(unsigned s, const void *gmem, unsigned n)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(n) : "memory");
 }
 
 /* One chunk (two k16 steps) of a warp's MT x NT MMA tiles (16 rows x 8
  * tokens each), both parts of X.  Wp: the lane's first weight word of the
- * chunk, Xp: its ldmatrix row of the first token tile, Sp: the chunk sum
+ * chunk, Xp: its ldmatrix row of the first token tile, Sp: the chunk sums
  * of its first token.  The MMAs go out in an order where consecutive ones
  * update different accumulators (a dependent pair back to back stalls the
  * warp for the MMA's latency); Z: the group's first chunk, whose first MMA
  * starts from zero. */
 template <int BITS, int MT, int NT, bool Z>
-__device__ __forceinline__ void mm_chunk(float (&acc)[2][4][4], float (&sx)[4][2], const uint32_t *Wp,
+__device__ __forceinline__ void mm_chunk(float (&acc)[8][4], float (&sx)[4][2], const uint32_t *Wp,
                                          const __half *Xp, const float *Sp)
 {
     constexpr int WST = mm_wst(BITS);
@@ -944,12 +967,13 @@ __device__ __forceinline__ void mm_chunk(float (&acc)[2][4][4], float (&sx)[4][2
                 w[m][h][0] = v.x, w[m][h][1] = v.y;
             }
         }
-    /* the group's running sums of x / dx of this lane's tokens */
+    /* the group's running sums of x / dx of this lane's tokens (2 t4, 2 t4 + 1
+     * of each token tile: adjacent in the stage) */
 #pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++)
-            sx[n][e] += Sp[(n * 8 + e) * MM_KC];
+    for (int n = 0; n < NT; n++) {
+        const float2 v = *(const float2 *)(Sp + n * 8);
+        sx[n][0] += v.x, sx[n][1] += v.y;
+    }
     uint32_t af[2][MT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++) {
@@ -975,16 +999,16 @@ __device__ __forceinline__ void mm_chunk(float (&acc)[2][4][4], float (&sx)[4][2
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     if (Z && part == 0 && ks == 0)
-                        mma16816z(acc[m][n], af[0][m], b[n][0], b[n][1]);
+                        mma16816z(acc[m * 4 + n], af[0][m], b[n][0], b[n][1]);
                     else
-                        mma16816(acc[m][n], af[ks][m], b[n][2 * ks], b[n][2 * ks + 1]);
+                        mma16816(acc[m * 4 + n], af[ks][m], b[n][2 * ks], b[n][2 * ks + 1]);
                 }
     }
 }
 
-/* The end of a group: tot += s_g * acc + b_g * sum_g(x / dx). */
+/* The end of a group: tot += s_g * acc + b_g * sum_g(x / dx), as two FMAs. */
 template <int MT, int NT>
-__device__ __forceinline__ void mm_fold(float (&tot)[2][4][4], const float (&acc)[2][4][4], float (&sx)[4][2],
+__device__ __forceinline__ void mm_fold(float (&tot)[8][4], const float (&acc)[8][4], float (&sx)[4][2],
                                         const float (&sc)[2][2], const float (&bb)[2][2])
 {
 #pragma unroll
@@ -993,7 +1017,7 @@ __device__ __forceinline__ void mm_fold(float (&tot)[2][4][4], const float (&acc
         for (int m = 0; m < MT; m++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                tot[m][n][i] += sc[m][i >> 1] * acc[m][n][i] + bb[m][i >> 1] * sx[n][i & 1];
+                tot[m * 4 + n][i] = fmaf(bb[m][i >> 1], sx[n][i & 1], fmaf(sc[m][i >> 1], acc[m * 4 + n][i], tot[m * 4 + n][i]));
         sx[n][0] = sx[n][1] = 0.0f;
     }
 }
@@ -1001,11 +1025,12 @@ __device__ __forceinline__ void mm_fold(float (&tot)[2][4][4], const float (&acc
 /* Warp layouts.  A tile of more than 32 tokens: warp (wr, wt) = (warp & 1,
  * warp >> 1) takes rows 32 wr .. + 32 of the block's 64 (dual: wr picks
  * gate or up) and tokens 32 wt .. + 32, MT = 2.  A tile of 32 tokens or
- * fewer (most of a prompt's expert tiles): the warps split the rows
+ * fewer (about half of a prompt's expert tiles): the warps split the rows
  * instead, warp w rows 16 w .. + 16, every token, MT = 1, so no warp is
- * left without tokens.  NT: the warp's token tiles of 8 that hold tokens,
- * rounded up to 2 or 4 (mode 0: none). */
-__device__ __forceinline__ int mm_mode(int mt, int ntv) { return ntv == 0 ? 0 : (mt - 1) * 2 + (ntv > 2 ? 2 : 1); }
+ * left without tokens.  Accumulator tile m * 4 + n: rows m, tokens n.
+ * NT: the warp's token tiles of 8 that hold tokens, rounded up to 2 or 4;
+ * mode 10 MT + NT, 0: none. */
+__device__ __forceinline__ int mm_mode(int mt, int ntv) { return ntv == 0 ? 0 : 10 * mt + ((ntv + 1) & ~1); }
 
 template <int BITS, int DT>
 __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
@@ -1014,11 +1039,12 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     constexpr int PPR = MM_KC * BITS / 4;                    /* 16-byte pieces per weight row of a full stage */
     constexpr int WK = MM_R * PPR / MM_THREADS;              /* of them per thread */
     constexpr int XB = 2 * MXC_MM_T * MM_XP * 2;             /* bytes of both parts of X in a stage */
-    constexpr int STAGE = mm_stage(BITS);
+    constexpr int STAGE = mm_stage(BITS), NS = mm_ns(BITS);
     static_assert(MM_KC == 2 && MM_THREADS == 128, "the staging assumes 8 pieces a token row, 128 threads");
     extern __shared__ float4 smem_f4[];
     __shared__ int64_t xrows[MXC_MM_T];
     __shared__ int64_t xoff[MXC_MM_T];   /* xrows * ld: the row's first half in mm.hi / mm.lo */
+    __shared__ uint4 xtab[MM_THREADS];   /* each thread's X sources (below) */
     pdl_enter();
     mxc_item it;
     float *Yo = a.Y;
@@ -1041,7 +1067,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     const mxc_mat M1 = a.dual ? a.table[it.m1] : M0;
     const int RB = a.dual ? MM_R / 2 : MM_R;
     const int64_t r0 = (int64_t)blockIdx.x * RB;
-    if (r0 >= M0.rows)
+    if (r0 >= M0.rows || it.n <= 0)
         return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     if (tid < MXC_MM_T) {
@@ -1070,10 +1096,11 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 
     /* This thread's share of every stage's copies, worked out once: WK
      * weight pieces, one 16-byte piece (pcx) of 4 token rows of both parts
-     * of X, one chunk sum.  Sources at stage 0; stage s is s * MM_KC chunks on. */
+     * of X, one chunk sum.  Sources at stage 0; stage s is s * MM_KC chunks
+     * on.  Rows past the tile's tokens read nothing and fill zeros (their
+     * results are never stored), so the copies need no branches. */
     const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem_f4);
     const unsigned char *wsrc[WK];
-    unsigned wdst[WK];
     int wpc[WK];
 #pragma unroll
     for (int k = 0; k < WK; k++) {
@@ -1081,72 +1108,97 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         const bool m1 = a.dual && r >= 32;
         const int64_t gr = min((a.dual ? r0 + (r & 31) : r0 + r), (m1 ? M1.rows : M0.rows) - 1);
         wsrc[k] = (const unsigned char *)((const uint32_t *)(m1 ? M1.w : M0.w) + gr * wpr + (int64_t)cbeg * BITS + pc * 4);
-        wdst[k] = XB + MXC_MM_T * MM_KC * 4 + (r * WST + pc * 4) * 4;
         wpc[k] = pc;
     }
     const int pcx = tid & 7;
-    int64_t xsrc[4];   /* byte offsets into mm.hi and mm.lo, -1: no token */
+    /* the 4 rows' first halves in mm.hi and mm.lo (32 bits: a split X of
+     * 2^32 halves would be 8 GiB), in shared memory (registers are short
+     * here: held in registers they spilled, and the spill loads stalled
+     * every stage); bit j of xmask: row j holds a token */
+    uint32_t xmask = 0;
+    {
+        uint32_t o[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int64_t xo = xoff[(tid >> 3) + 16 * j];
-        xsrc[j] = xo >= 0 ? (xo + (int64_t)cbeg * 32 + pcx * 8) * 2 : -1;
+        for (int j = 0; j < 4; j++) {
+            const int64_t xo = xoff[(tid >> 3) + 16 * j];
+            o[j] = (uint32_t)((xo >= 0 ? xo : xoff[0]) + (int64_t)cbeg * 32 + pcx * 8);
+            xmask |= xo >= 0 ? 1u << j : 0u;
+        }
+        xtab[tid] = make_uint4(o[0], o[1], o[2], o[3]);
     }
-    const unsigned xdst = (((tid >> 3) * MM_XP) + pcx * 8) * 2;
-    const float *ssrc = xrows[tid >> 1] >= 0 ? a.mm.sum + xrows[tid >> 1] * lds + cbeg + (tid & 1) : nullptr;
-    const unsigned sdst = XB + tid * 4;   /* token tid / 2, chunk tid % 2 */
-    const unsigned char *xhi = (const unsigned char *)a.mm.hi, *xlo = (const unsigned char *)a.mm.lo;
+    const __half *xhi = (const __half *)a.mm.hi, *xlo = (const __half *)a.mm.lo;
+    const int64_t sr = xrows[tid >> 1];
+    const float *ssrc = a.mm.sum + (sr >= 0 ? sr : xrows[0]) * lds + cbeg + (tid & 1);
+    const unsigned sn = sr >= 0 ? 4 : 0;
+    /* shared addresses in buffer 0: X row tid / 8 piece pcx, the chunk sum
+     * (token tid / 2, chunk tid % 2), weight piece k */
+    const unsigned xdst = sbase + ((tid >> 3) * MM_XP + pcx * 8) * 2;
+    const unsigned sdst = sbase + XB + ((tid & 1) * MXC_MM_T + (tid >> 1)) * 4;   /* sums: [chunk][token] */
+    const unsigned wdst = sbase + XB + MXC_MM_T * MM_KC * 4;
 
     /* stage s of the K loop into buffer b (every call commits a group, empty or not) */
     auto load = [&](int s, int b) {
-        const unsigned st = sbase + b * STAGE;
+        const unsigned bo = b * STAGE;
         const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
 #pragma unroll
-        for (int k = 0; k < WK; k++)
+        for (int k = 0; k < WK; k++) {
+            const int i = k * MM_THREADS + tid;
             if (wpc[k] < kc * BITS / 4)
-                cp_async16s(st + wdst[k], wsrc[k] + s * (MM_KC * BITS * 4));
-        if (pcx < kc * 4) {
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (xsrc[j] >= 0) {
-                    const int64_t o = xsrc[j] + s * (MM_KC * 64);
-                    cp_async16s(st + xdst + j * 16 * MM_XP * 2, xhi + o);
-                    cp_async16s(st + xdst + (j * 16 + MXC_MM_T) * MM_XP * 2, xlo + o);
-                }
+                cp_async16s(wdst + bo + ((i / PPR) * WST + wpc[k] * 4) * 4, wsrc[k] + s * (MM_KC * BITS * 4));
         }
-        if (ssrc && (tid & 1) < kc)
-            cp_async4s(st + sdst, ssrc + s * MM_KC);
+        if (kc == MM_KC || pcx < 4) {
+            const uint32_t so = (uint32_t)s * (MM_KC * 32);
+            const uint4 xs = xtab[tid];
+            const uint32_t xsrc[4] = {xs.x, xs.y, xs.z, xs.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint32_t o = xsrc[j] + so, n = (xmask >> j & 1) * 16;
+#if MXC_MM_ZFILL
+                cp_async16z(xdst + bo + j * 16 * MM_XP * 2, xhi + o, n);
+                cp_async16z(xdst + bo + (j * 16 + MXC_MM_T) * MM_XP * 2, xlo + o, n);
+#else
+                if (n) {
+                    cp_async16s(xdst + bo + j * 16 * MM_XP * 2, xhi + o);
+                    cp_async16s(xdst + bo + (j * 16 + MXC_MM_T) * MM_XP * 2, xlo + o);
+                }
+#endif
+            }
+        }
+        if ((tid & 1) < kc)
+            cp_async4z(sdst + bo, ssrc + s * MM_KC, sn);
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
 
-    float acc[2][4][4], tot[2][4][4];
+    float acc[8][4], tot[8][4];
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int k = 0; k < 8; k++)
 #pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[m][n][i] = tot[m][n][i] = 0.0f;
+        for (int i = 0; i < 4; i++)
+            acc[k][i] = tot[k][i] = 0.0f;
 
     const int ns = (cend - cbeg + MM_KC - 1) / MM_KC;
     int gc = 0, grp = cbeg / cpg;   /* chunks of the current group seen, its index */
-    float sx[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    float sx[4][2];
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+        sx[n][0] = sx[n][1] = 0.0f;
     /* the scales and biases of the lane's rows for the current group,
      * loaded a group ahead (an L2 round trip per group otherwise stalls
      * every warp at every group's end) */
-    int64_t srow[2][2];
+    uint32_t srow[2][2];   /* row * groups per row (fits: the scales of a matrix are fewer than 2^32) */
     uint32_t rs[2][2], rb[2][2];
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            srow[m][h] = min(wrow0 + m * 16 + g + 8 * h, wrows - 1) * gpr;
+            srow[m][h] = (uint32_t)(min(wrow0 + m * 16 + g + 8 * h, wrows - 1) * gpr);
             rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + grp);
             rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + grp);
         }
-    /* MM_NS stages in flight: stage s + MM_NS - 1 is loaded into the buffer
+    /* NS stages in flight: stage s + NS - 1 is loaded into the buffer
      * stage s - 1 used, once every warp is past the barrier at stage s */
 #pragma unroll
-    for (int p = 0; p < MM_NS - 1; p++) {
+    for (int p = 0; p < NS - 1; p++) {
         if (p < ns)
             load(p, p);
         else
@@ -1154,10 +1206,10 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     }
     int buf = 0;
     for (int s = 0; s < ns; s++) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(MM_NS - 2) : "memory");
+        asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
         __syncthreads();
-        if (s + MM_NS - 1 < ns)
-            load(s + MM_NS - 1, buf == 0 ? MM_NS - 1 : buf - 1);
+        if (s + NS - 1 < ns)
+            load(s + NS - 1, buf == 0 ? NS - 1 : buf - 1);
         else
             asm volatile("cp.async.commit_group;" ::: "memory");
         const unsigned char *base = (const unsigned char *)smem_f4 + buf * STAGE;
@@ -1168,7 +1220,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         for (int cc = 0; cc < kc; cc++) {
             const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
             const __half *Xp = Xs + (tb + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8;
-            const float *Sp = Ss + (tb + 2 * t4) * MM_KC + cc;
+            const float *Sp = Ss + cc * MXC_MM_T + tb + 2 * t4;
 #define MM_CHUNK(c, MT, NT) \
     case c: \
         if (gc == 0) \
@@ -1177,12 +1229,13 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
             mm_chunk<BITS, MT, NT, false>(acc, sx, Wp, Xp, Sp); \
         break;
             switch (mode) {
-                MM_CHUNK(1, 1, 2) MM_CHUNK(2, 1, 4) MM_CHUNK(3, 2, 2) MM_CHUNK(4, 2, 4)
+                MM_CHUNK(12, 1, 2) MM_CHUNK(14, 1, 4)
+                MM_CHUNK(22, 2, 2) MM_CHUNK(24, 2, 4)
             }
 #undef MM_CHUNK
             if (++gc == cpg) {   /* the end of a group: fold it in */
                 float sc[2][2], bb[2][2];
-                const int64_t gn = grp + 1 < gpr ? grp + 1 : grp;
+                const uint32_t gn = grp + 1 < gpr ? grp + 1 : grp;
 #pragma unroll
                 for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -1195,81 +1248,59 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
                         }
                     }
                 switch (mode) {
-                case 1: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
-                case 2: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
-                case 3: mm_fold<2, 2>(tot, acc, sx, sc, bb); break;
-                case 4: mm_fold<2, 4>(tot, acc, sx, sc, bb); break;
+                case 12: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
+                case 14: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
+                case 22: mm_fold<2, 2>(tot, acc, sx, sc, bb); break;
+                case 24: mm_fold<2, 4>(tot, acc, sx, sc, bb); break;
                 }
                 gc = 0;
                 grp++;
             }
         }
-        buf = buf + 1 == MM_NS ? 0 : buf + 1;
+        buf = buf + 1 == NS ? 0 : buf + 1;
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
-    /* y = dx * tot (+ bias) */
-    float dxv[4][2];
-    int64_t orow[4][2];
+    /* y = dx * tot (+ bias); dual: gate rows (stage rows 0..31) and up rows
+     * (32..63) meet in shared memory first, once every warp is done with
+     * the stages.  The layout is a template argument here so that the
+     * accumulators are indexed by constants (registers, not local memory). */
+    float *G = (float *)smem_f4;   /* dual: [64 rows][MXC_MM_T + 1] */
+    float *P = a.mm.part + (int64_t)blockIdx.z * a.plain.n * M0.rows;   /* split-K: partial sums, added in split order by k_mm_sum */
+    auto out = [&](auto mtc) {
+        constexpr int MT = decltype(mtc)::value;
 #pragma unroll
-    for (int n = 0; n < 4; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int lt = tb + n * 8 + 2 * t4 + e;
-            const int64_t xr = xrows[lt];
-            dxv[n][e] = xr >= 0 ? a.mm.dx[xr] : 0.0f;
-            orow[n][e] = xr >= 0 ? (a.out_list ? a.out_list[it.off + lt] : it.off + lt) : -1;
-        }
-    if (a.splits > 1) {   /* partial sums, added in split order by k_mm_sum */
-        float *P = a.mm.part + (int64_t)blockIdx.z * a.plain.n * M0.rows;
-#pragma unroll
-        for (int m = 0; m < 2; m++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t r = wrow0 + m * 16 + g + 8 * h;
-                if (m >= mt || r >= M0.rows)
-                    continue;
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        if (orow[n][e] >= 0)
-                            P[orow[n][e] * M0.rows + r] = dxv[n][e] * tot[m][n][2 * h + e];
-            }
-        return;
-    }
-    if (!a.dual) {
-#pragma unroll
-        for (int m = 0; m < 2; m++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t r = wrow0 + m * 16 + g + 8 * h;
-                if (m >= mt || r >= M0.rows)
-                    continue;
-                const float bias = M0.bias ? M0.bias[r] : 0.0f;
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        if (orow[n][e] >= 0)
-                            Yo[orow[n][e] * ldyo + r] = dxv[n][e] * tot[m][n][2 * h + e] + bias;
-            }
-        return;
-    }
-    /* dual: gate rows (stage rows 0..31) and up rows (32..63) meet in
-     * shared memory, once every warp is done with the stages */
-    __syncthreads();
-    float *G = (float *)smem_f4;   /* [64 rows][MXC_MM_T + 1] */
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int m = 0; m < MT; m++)
 #pragma unroll
             for (int n = 0; n < 4; n++)
 #pragma unroll
-                for (int e = 0; e < 2; e++)
-                    if (m < mt)
-                        G[(wsr + m * 16 + g + 8 * h) * (MXC_MM_T + 1) + tb + n * 8 + 2 * t4 + e] =
-                            dxv[n][e] * tot[m][n][2 * h + e];
+                for (int e = 0; e < 2; e++) {
+                    const int lt = tb + n * 8 + 2 * t4 + e;
+                    const int64_t xr = xrows[lt];
+                    const float dx = xr >= 0 ? a.mm.dx[xr] : 0.0f;
+                    const int64_t o = xr >= 0 ? (a.out_list ? a.out_list[it.off + lt] : it.off + lt) : -1;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float v = dx * tot[m * 4 + n][2 * h + e];
+                        const int64_t r = wrow0 + m * 16 + g + 8 * h;
+                        if (a.dual)
+                            G[(wsr + m * 16 + g + 8 * h) * (MXC_MM_T + 1) + lt] = v;
+                        else if (o >= 0 && r < M0.rows) {
+                            if (a.splits > 1)
+                                P[o * M0.rows + r] = v;
+                            else
+                                Yo[o * ldyo + r] = v + (M0.bias ? M0.bias[r] : 0.0f);
+                        }
+                    }
+                }
+    };
+    if (a.dual)
+        __syncthreads();
+    if (mt == 1)
+        out(std::integral_constant<int, 1>());
+    else
+        out(std::integral_constant<int, 2>());
+    if (!a.dual)
+        return;
     __syncthreads();
     for (int i = tid; i < 32 * MXC_MM_T; i += MM_THREADS) {
         const int r = i & 31, lt = i >> 5;
@@ -1280,7 +1311,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     }
 }
 
-static size_t mm_smem(int bits) { return (size_t)MM_NS * mm_stage(bits); }
+static size_t mm_smem(int bits) { return (size_t)mm_ns(bits) * mm_stage(bits); }
 
 static int sm_count(void);
 
