@@ -736,9 +736,6 @@ __global__ void __launch_bounds__(256) k_tile(mxc_tile a)
 #define MM_THREADS 128
 #define MM_R 64
 #define MM_KC 2
-#ifndef MXC_MM_ZFILL
-#define MXC_MM_ZFILL 1
-#endif
 #ifndef MXC_MM_MINB
 #define MXC_MM_MINB 3            /* resident blocks per SM the registers are sized for */
 #endif
@@ -797,25 +794,6 @@ __global__ void __launch_bounds__(128) k_mm_prep(mxc_tile a)
     }
 }
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async16ca(void *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(const void *smem, uint32_t *r)
 {
@@ -1153,15 +1131,8 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const uint32_t o = xsrc[j] + so, n = (xmask >> j & 1) * 16;
-#if MXC_MM_ZFILL
                 cp_async16z(xdst + bo + j * 16 * MM_XP * 2, xhi + o, n);
                 cp_async16z(xdst + bo + (j * 16 + MXC_MM_T) * MM_XP * 2, xlo + o, n);
-#else
-                if (n) {
-                    cp_async16s(xdst + bo + j * 16 * MM_XP * 2, xhi + o);
-                    cp_async16s(xdst + bo + (j * 16 + MXC_MM_T) * MM_XP * 2, xlo + o);
-                }
-#endif
             }
         }
         if ((tid & 1) < kc)
