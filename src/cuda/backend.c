@@ -656,6 +656,10 @@ static int mm_use(cu_ctx *c, mxc_tile *t, int bits, int dt, int64_t rows, int64_
     t->mma = 0;
     if (!c->mma_on || (bits != 4 && bits != 8))
         return 0;
+    /* k_mm indexes the split X in 32 bits (halves): a larger one (some
+     * hundreds of thousands of rows) goes through the fp32 tile kernel */
+    if (rows * (ld > c->mm.ld ? ld : c->mm.ld) > (int64_t)UINT32_MAX)
+        return 0;
     if (rows > c->mm_rows || ld > c->mm.ld) {
         const int64_t nr = rows > c->mm_rows ? rows : c->mm_rows, nl = ld > c->mm.ld ? ld : c->mm.ld;
         cudaStreamSynchronize(c->st);

@@ -889,12 +889,12 @@ __device__ __forceinline__ float rawf_t(uint32_t v)
         return __uint_as_float(v);
 }
 
-/* Words per weight row of a stage (padded: the 8 rows of an A fragment
- * load hit distinct banks). */
 /* Stages of the K loop in flight (cp.async): 3 for 4 bits; 8-bit stages
  * are larger and three would leave room for 2 blocks an SM instead of 3. */
 __host__ __device__ constexpr int mm_ns(int bits) { return bits == 8 ? 2 : 3; }
 
+/* Words per weight row of a stage (padded: the 8 rows of an A fragment
+ * load hit distinct banks). */
 __host__ __device__ constexpr int mm_wst(int bits) { return MM_KC * bits + (bits == 4 ? 4 : 8); }
 
 /* Bytes of one stage: both parts of X, the chunk sums, the weights. */
