@@ -118,6 +118,7 @@ typedef struct cu_ctx {
     int fuse_norms;              /* one-token steps: every norm staged by the streaming kernels that read it */
     int fuse_on;                 /* MLXCEL_CUDA_FUSE (the q/k/v heads inside the attention kernel) */
     int *att_cnt, *route_cnt;    /* zeroed counters of the kernels whose last block finishes the work */
+    int moe_router;              /* one token's router inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER) */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
     float *one_W;                /* [1] = 1 */
     cu_buf dec, pre;
@@ -862,11 +863,17 @@ static int host_routes(call *k, int l, mx_err *e)
     return MX_OK;
 }
 
+static long g_routed_launches;
+
+long mx_cuda_routed_launches(void) { return g_routed_launches; }
+
 /* The expert sum of the call's token t (routes P, W: [T][Kp]): both fused
  * phases over all slots, or (gather) one expert at a time; *dl says where
- * the sums of all T tokens are (each slot's row apart, or b->ffn). */
+ * the sums of all T tokens are (each slot's row apart, or b->ffn).  With
+ * rmv (one token, fused, the streaming kernels): the router matvec rmv of
+ * the norm rnin routing by rt too, in phase 1's launch where it can. */
 static int moe_one(call *k, int l, int t, const int *P, const float *W, int fused, const mxc_norm_in *nin,
-                   mxc_delta *dl, mx_err *e)
+                   const mxc_mv *rmv, const mxc_route *rt, const mxc_norm_in *rnin, mxc_delta *dl, mx_err *e)
 {
     cu_ctx *c = k->c;
     const cu_layer *cl = &c->layers[l];
@@ -884,7 +891,22 @@ static int moe_one(call *k, int l, int t, const int *P, const float *W, int fuse
             p.has_nin = 1;
         }
         if (fused) {
-            KL(mxc_moe_stream(c->st, &p, cl->s_dt));
+            int rc = -1;
+            if (rmv) {   /* the router in phase 1's launch, else a launch of its own first */
+                p.ready = c->route_cnt + 1;
+                p.n_routed = cl->k;
+                p.kind0 = cl->E;
+                if ((rc = mxc_moe_stream_routed(c->st, &p, cl->s_dt, rmv, rnin, rt, c->route_cnt)) < 0) {
+                    p.ready = NULL;
+                    KL(mxc_matvec_stream(c->st, rmv, NULL, rnin, rt, c->route_cnt));
+                }
+            }
+            if (rc < 0) {
+                KL(mxc_moe_stream(c->st, &p, cl->s_dt));
+            } else {
+                KL(rc);
+                g_routed_launches++;
+            }
         } else {
             for (int j = 0; j < cl->Kp; j++) {
                 p.lo = j;
@@ -1043,7 +1065,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
     if (!cl->is_moe) {
         if (T > 1)
             return mlp_many(k, l, e);
-        return moe_one(k, l, 0, c->one_P, c->one_W, 1, nin, dl, e);
+        return moe_one(k, l, 0, c->one_P, c->one_W, 1, nin, NULL, NULL, NULL, dl, e);
     }
     /* router logits and the shared expert's gate logit (and, fused, the
      * routes: the matvec's last block) */
@@ -1060,6 +1082,16 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
             mv.ldy[1] = 1;
         }
         routed = cl->route_fused;
+        if (routed && nin && !k->seqs && c->moe_router && cl->s_bits && takes_fused(cl, k->fused) &&
+            !(k->tr && k->tr->router_logits)) {
+            /* the router's blocks in phase 1's launch (the norm staged by
+             * both, the residual written by the router's) */
+            if (!k->graph)
+                mx_moe_count(MX_MOE_FUSED, 1);
+            mxc_norm_in n2 = *nin;
+            n2.x_out = NULL;
+            return moe_one(k, l, 0, b->P, b->W, 1, &n2, &mv, &r, nin, dl, e);
+        }
         KL(mxc_matvec_stream(c->st, &mv, nin ? NULL : b->xn, nin, routed ? &r : NULL, c->route_cnt));
     } else if (T <= MXC_MV_MAXT) {
         mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
@@ -1094,7 +1126,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
          * (fused or gather), which read only its own experts */
         mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, T);
         for (int t = 0; t < T; t++)
-            if ((rc = moe_one(k, l, t, b->P, b->W, fused, NULL, dl, e)))
+            if ((rc = moe_one(k, l, t, b->P, b->W, fused, NULL, NULL, NULL, NULL, dl, e)))
                 return rc;
         return MX_OK;
     }
@@ -1109,7 +1141,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
         n2 = *nin;
         n2.x_out = NULL;
     }
-    return moe_one(k, l, 0, b->P, b->W, fused, nin ? &n2 : NULL, dl, e);
+    return moe_one(k, l, 0, b->P, b->W, fused, nin ? &n2 : NULL, NULL, NULL, NULL, dl, e);
 }
 
 /* The trace's copy of rows [T][d] of x after layer `slot` (0: embeddings). */
@@ -1490,6 +1522,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
+    c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);
@@ -1548,9 +1581,9 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     if (ce == cudaSuccess)
         ce = cudaMemset(c->att_cnt, 0, sizeof(int) * (size_t)nh_max);
     if (ce == cudaSuccess)
-        ce = dalloc(&c->route_cnt, sizeof(int));
+        ce = dalloc(&c->route_cnt, 2 * sizeof(int));   /* the counter, then the routes' flag */
     if (ce == cudaSuccess)
-        ce = cudaMemset(c->route_cnt, 0, sizeof(int));
+        ce = cudaMemset(c->route_cnt, 0, 2 * sizeof(int));
     if (ce == cudaSuccess)
         ce = dalloc(&c->one_P, sizeof(int));
     if (ce == cudaSuccess)

@@ -33,6 +33,10 @@ int mx_cuda_attach(mx_model *m, mx_err *e);
  * the kernels the forward pass uses (matvec for T <= 8, tiles above); for
  * tests. */
 int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *e);
+/* How many MoE layers of one-token steps were launched with the router
+ * inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER; a captured graph
+ * counts once), in this process; for tests. */
+long mx_cuda_routed_launches(void);
 /* The GPU's copy bandwidth in GB/s (bytes read + written, median of reps
  * device-to-device copies of `bytes`), or < 0 when there is none. */
 double mx_cuda_membw_probe(size_t bytes, int reps);

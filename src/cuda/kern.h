@@ -237,6 +237,7 @@ typedef struct mxc_route {
     const float *glog;           /* [T] the first extra slot's gate logits, or NULL */
     int *P;
     float *W;
+    int *ready;                  /* the routed launch's last block sets it to 1 after the routes, or NULL */
 } mxc_route;
 int mxc_route_softmax(cudaStream_t st, const mxc_route *r);
 
@@ -260,6 +261,11 @@ typedef struct mxc_moe1 {
     mxc_norm_in nin;             /* mxc_moe_stream with has_nin: x is this norm */
     int has_nin;
     int blk[MXC_MAX_SLOTS + 1];  /* mxc_moe_stream's own: the blocks of each slot in phase 2 */
+    /* mxc_moe_stream_routed: slots [lo, n_routed) wait for *ready (the
+     * routes, P), slot j >= n_routed is kind kind0 + j - n_routed; phase 2
+     * sets *ready back to 0 */
+    int *ready;
+    int n_routed, kind0;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */
@@ -271,6 +277,17 @@ int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p);
  * h as phase 1, then slot j's down projection of h_j into p->Y + j * d,
  * unweighted (an mxc_delta of the slots sums them with W). */
 int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt);
+
+/* mxc_moe_stream with the router in phase 1's launch: its first blocks
+ * run the router matvec rmv (mxc_matvec_stream's, x the norm rnin) and
+ * the last of them routes (rt, cnt; rt->ready = p->ready) while the
+ * other blocks go through the extra slots' rows (they need no route),
+ * then the routed slots' once *p->ready is set; then phase 2 as
+ * mxc_moe_stream's.  The integer kernels only (MLXCEL_CUDA_IDOT), router
+ * and experts with one scale dtype; -1 (nothing launched) when it does
+ * not apply. */
+int mxc_moe_stream_routed(cudaStream_t st, const mxc_moe1 *p, int dt, const mxc_mv *rmv, const mxc_norm_in *rnin,
+                          const mxc_route *rt, int *cnt);
 
 /* out[t][i] = sum_j W[t][j] Y[t * K + j][i], t < T, i < d. */
 int mxc_combine(cudaStream_t st, const float *Y, const float *W, int T, int K, int64_t d, float *out);

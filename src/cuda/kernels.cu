@@ -2813,10 +2813,25 @@ struct mv_depth {
     static constexpr int v = IX && R * BITS <= MXC_DEPTH2_MAX ? 2 : 1;
 };
 
+/* Store-release and load-acquire of a flag between blocks of one launch. */
+__device__ __forceinline__ void flag_raise(int *f)
+{
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(1) : "memory");
+}
+
+__device__ __forceinline__ int flag_get(const int *f)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+    return v;
+}
+
+/* The streaming matvec as block blk of nblk: k_mvs, and the router blocks
+ * of k_moe1r.  With cnt, the last of the nblk blocks to finish routes the
+ * token (threadFenceReduction) and raises rt.ready when it is not NULL. */
 template <int BITS, int DT, int R, bool IX>
-__global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
-                                                   const __grid_constant__ mxc_norm_in nin, int has_nin,
-                                                   const __grid_constant__ mxc_route rt, int *cnt)
+__device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int64_t G, int nch, const mxc_norm_in &nin,
+                                           int has_nin, const mxc_route &rt, int *cnt, int blk, int nblk)
 {
     __shared__ int last;
     extern __shared__ float4 smem_f4[];
@@ -2824,7 +2839,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     pdl_go();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
+    const int64_t g = (int64_t)blk * WARPS + warp, gstride = (int64_t)nblk * WARPS;
     mv_src<BITS, DT, R> src(mv);
     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>> walk(g, gstride, G, nch, lane);
     walk.prime(src);   /* weights only: nothing an earlier kernel writes */
@@ -2843,11 +2858,10 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
     pdl_trigger();
     if (!cnt)
         return;
-    /* the last block to finish routes the token (threadFenceReduction) */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
-        last = atomicAdd(cnt, 1) == (int)gridDim.x - 1;
+        last = atomicAdd(cnt, 1) == nblk - 1;
     __syncthreads();
     if (last) {
         __threadfence();
@@ -2855,7 +2869,20 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
             route_small(rt, lane);
         if (threadIdx.x == 0)
             *cnt = 0;
+        __syncthreads();
+        if (rt.ready && threadIdx.x == 0) {   /* the routes for the expert blocks of the launch */
+            __threadfence();
+            flag_raise(rt.ready);
+        }
     }
+}
+
+template <int BITS, int DT, int R, bool IX>
+__global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
+                                                   const __grid_constant__ mxc_norm_in nin, int has_nin,
+                                                   const __grid_constant__ mxc_route rt, int *cnt)
+{
+    mvs_blocks<BITS, DT, R, IX>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
 }
 
 /* Phase 1: groups of two h rows of one slot (gate rows r, r + 1 then up
@@ -2921,6 +2948,112 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     pdl_trigger();
 }
 
+/* Phase 1 in k_moe1r: group g is group (g + shift) mod G of the slots'
+ * rows, so that the extra slots' rows (no route needed) come first; a
+ * warp waits for the routes (*p.ready) at its first group of a routed
+ * slot.  Each warp copies the gate and up matrices of its current slot
+ * to its own two entries of shared memory (wm): the routes come while
+ * the block runs, so no block-wide copy as in k_moe1s, and held in
+ * registers they spilled. */
+template <int BITS, int DT>
+struct moe1r_src {
+    const mxc_moe1 &p;
+    int64_t shift, G, lr;
+    int lj, ready;
+    mxc_mat *wm;
+    __device__ moe1r_src(const mxc_moe1 &q, int64_t sh, int64_t g, mxc_mat *w)
+        : p(q), shift(sh), G(g), lr(0), lj(-1), ready(0), wm(w) {}
+    /* the slot and row of group g */
+    __device__ __forceinline__ int slot(int64_t g, int64_t &r) const
+    {
+        int64_t gg = g + shift;
+        gg -= gg >= G ? G : 0;
+        const int64_t lgr = p.off[p.lo] + 2 * gg;
+        int j = p.lo;
+        while (lgr >= p.off[j + 1])
+            j++;
+        r = lgr - p.off[j];
+        return j;
+    }
+    __device__ __forceinline__ int kind(int j)
+    {
+        if (j >= p.n_routed)
+            return p.kind0 + j - p.n_routed;
+        if (!ready) {
+            while (!flag_get(p.ready))
+                __nanosleep(64);
+            ready = 1;
+        }
+        return __ldcg(p.P + j);
+    }
+    __device__ __forceinline__ void locate(int64_t g)
+    {
+        const int j = slot(g, lr);
+        if (j != lj) {
+            const int e = kind(j), lane = threadIdx.x & 31;
+            static_assert(sizeof(mxc_mat) % 8 == 0 && sizeof(mxc_mat) <= 128, "a lane copies 8 bytes");
+            constexpr int NW = (int)sizeof(mxc_mat) / 8;
+            __syncwarp();
+            if (lane < 2 * NW)
+                ((uint64_t *)wm)[lane] = ((const uint64_t *)(p.table + 3 * e))[lane];
+            __syncwarp();
+            lj = j;
+        }
+    }
+    __device__ __forceinline__ void load(int c, mv_stage<BITS, 4> &st)
+    {
+        load_chunk<BITS, DT, 4>(wm[0], lr, c, st, 0);
+        load_chunk<BITS, DT, 4>(wm[0], lr + 1, c, st, 1);
+        load_chunk<BITS, DT, 4>(wm[1], lr, c, st, 2);
+        load_chunk<BITS, DT, 4>(wm[1], lr + 1, c, st, 3);
+    }
+    __device__ __forceinline__ void store(int64_t g, const float *v, int lane) const
+    {
+        int64_t gg = g + shift;
+        gg -= gg >= G ? G : 0;
+        const int64_t ogr = p.off[p.lo] + 2 * gg;
+        if (lane == 0)
+            p.h[ogr] = glu(p.act, v[0], v[2]);
+        else if (lane == 1)
+            p.h[ogr + 1] = glu(p.act, v[1], v[3]);
+    }
+};
+
+/* k_moe1r's router blocks: a call of its own, so that the registers of
+ * this path do not make the phase 1 walk's spill (inlined, they did) */
+template <int RB, int DT>
+__device__ __noinline__ void router_blocks(const mxc_mv &rmv, int64_t Gr, int nch, const mxc_norm_in &rnin,
+                                           const mxc_route &rt, int *cnt, int nrb)
+{
+    mvs_blocks<RB, DT, 1, true>(rmv, nullptr, Gr, nch, rnin, 1, rt, cnt, blockIdx.x, nrb);
+}
+
+/* Phase 1 with the router (mxc_moe_stream_routed): blocks [0, nrb) are
+ * the router's streaming matvec (mvs_blocks, RB-bit rows one a warp), the
+ * others phase 1 over the slots' rows, the extra slots first (moe1r_src).
+ * The grid is what fits on the GPU, so every block is resident once the
+ * previous kernel has finished (it waits for it before it stages x): the
+ * router blocks come first and never wait for the others. */
+template <int BITS, int DT, int RB>
+__device__ __forceinline__ void moe1r_blocks(const mxc_moe1 &p, int64_t G, int64_t shift, int nrb)
+{
+    const int nch = (int)(p.d >> 5);
+    extern __shared__ float4 smem_f4[];
+    __shared__ mxc_mat wm[WARPS][2];
+    uint32_t *dg = (uint32_t *)smem_f4;
+    float *xs = (float *)(dg + nch * DS);
+    pdl_go();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t g = (int64_t)(blockIdx.x - nrb) * WARPS + warp, gstride = (int64_t)(gridDim.x - nrb) * WARPS;
+    moe1r_src<BITS, DT> src(p, shift, G, wm[warp]);
+    mv_walk<BITS, 4, mv_depth<BITS, 4, true>::v, moe1r_src<BITS, DT>> walk(g, gstride, G, nch, lane);
+    pdl_wait();
+    stage_norm(p.nin, nch * 32, xs, nullptr);
+    stage_digits<BITS>(xs, XS, nch, dg);
+    walk.prime(src);   /* after the staging: a routed slot's group waits for the routes */
+    walk.template run<DT, true>(src, g, xs, nullptr, dg);
+}
+
 /* Phase 2: the blocks [blk[j], blk[j + 1]) take slot j's down rows
  * against h_j, into Y + j * d (the router weights are applied where the
  * slots are summed, mxc_delta). */
@@ -2953,6 +3086,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     __shared__ mxc_mat sm;
     extern __shared__ float4 smem_f4[];
     pdl_enter();
+    if (p.ready && blockIdx.x == 0 && threadIdx.x == 0)   /* phase 1 has finished with it */
+        *p.ready = 0;
     int j = p.lo;
     while ((int)blockIdx.x >= p.blk[j + 1])
         j++;
@@ -2974,6 +3109,19 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     else
         stage_x(p.h + p.off[j], nch, xs, sums);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
+    pdl_trigger();
+}
+
+template <int BITS, int DT, int RB>
+__global__ void __launch_bounds__(THREADS, 2) k_moe1r(const __grid_constant__ mxc_moe1 p, int64_t G, int64_t shift,
+                                                     const __grid_constant__ mxc_mv rmv, int64_t Gr,
+                                                     const __grid_constant__ mxc_norm_in rnin,
+                                                     const __grid_constant__ mxc_route rt, int *cnt, int nrb)
+{
+    if ((int)blockIdx.x < nrb)
+        router_blocks<RB, DT>(rmv, Gr, (int)(p.d >> 5), rnin, rt, cnt, nrb);
+    else
+        moe1r_blocks<BITS, DT, RB>(p, G, shift, nrb);
     pdl_trigger();
 }
 
@@ -3122,19 +3270,12 @@ static int share_blocks(mxc_moe1 *q, int64_t nb, int R)
     return q->blk[q->hi];
 }
 
+/* Phase 2 of the streaming kernels: the most rows per warp that keeps
+ * three quarters of the resident blocks busy. */
 template <int BITS, int DT, bool IX>
-static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
+static int launch_moe2_s(cudaStream_t st, const mxc_moe1 *p)
 {
     mxc_moe1 q = *p;
-    /* phase 1 over every slot's h rows */
-    const int64_t G1 = (q.off[q.hi] - q.off[q.lo]) / 2;
-    const size_t smem1 = stage_bytes(q.d, IX);
-    int64_t want = (G1 + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX>, smem1) * sm_count();
-    int rc = launch_k(k_moe1s<BITS, DT, IX>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, q, G1);
-    if (rc)
-        return rc;
-    /* phase 2: the most rows per warp that keeps three quarters of the
-     * resident blocks busy */
     int64_t widest = 0;
     for (int j = q.lo; j < q.hi; j++)
         widest = q.off[j + 1] - q.off[j] > widest ? q.off[j + 1] - q.off[j] : widest;
@@ -3149,6 +3290,38 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
         return launch_k(k_moe2s<BITS, DT, 2, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
     share_blocks(&q, nb, 1);
     return launch_k(k_moe2s<BITS, DT, 1, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+}
+
+template <int BITS, int DT, bool IX>
+static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
+{
+    /* phase 1 over every slot's h rows */
+    const int64_t G1 = (p->off[p->hi] - p->off[p->lo]) / 2;
+    const size_t smem1 = stage_bytes(p->d, IX);
+    int64_t want = (G1 + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX>, smem1) * sm_count();
+    const int rc = launch_k(k_moe1s<BITS, DT, IX>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, *p, G1);
+    return rc ? rc : launch_moe2_s<BITS, DT, IX>(st, p);
+}
+
+template <int BITS, int DT, int RB>
+static int launch_moe_r(cudaStream_t st, const mxc_moe1 *p, const mxc_mv *rmv, const mxc_norm_in *rnin,
+                        const mxc_route *rt, int *cnt)
+{
+    const int64_t G1 = (p->off[p->hi] - p->off[p->lo]) / 2;
+    /* the extra slots (after the routed ones) first */
+    const int64_t shift = (p->off[p->n_routed] - p->off[p->lo]) / 2;
+    const int64_t Gr = mv_groups(rmv, 1);
+    const int nrb = (int)((Gr + WARPS - 1) / WARPS);
+    const size_t smem = stage_bytes(p->d, true);
+    const int64_t fit = (int64_t)resident((const void *)k_moe1r<BITS, DT, RB>, smem) * sm_count();
+    if (fit < nrb + 1)
+        return -1;
+    const int64_t want = nrb + (G1 + WARPS - 1) / WARPS;
+    mxc_route r = *rt;
+    r.ready = p->ready;
+    const int rc = launch_k(k_moe1r<BITS, DT, RB>, (unsigned)(want < fit ? want : fit), THREADS, smem, st, 1, *p, G1,
+                            shift >= G1 ? (int64_t)0 : shift, *rmv, Gr, *rnin, r, cnt, nrb);
+    return rc ? rc : launch_moe2_s<BITS, DT, true>(st, p);
 }
 
 int mxc_matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
@@ -3175,6 +3348,27 @@ int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt)
     MXC_MOES(8, MXC_F16) MXC_MOES(8, MXC_BF16) MXC_MOES(8, MXC_F32)
 #undef MXC_MOES
     return (int)cudaErrorInvalidValue;
+}
+
+int mxc_moe_stream_routed(cudaStream_t st, const mxc_moe1 *p, int dt, const mxc_mv *rmv, const mxc_norm_in *rnin,
+                          const mxc_route *rt, int *cnt)
+{
+    const int bits = p->bits, rb = stream_bits(rmv->m, rmv->n);
+    if (!g_idot || !p->ready || !p->has_nin || rt->E > MXC_ROUTE_FUSED_MAX || !mxc_stream_ok(rmv->m, rmv->n) ||
+        rmv->m[0].dt != dt || rmv->m[0].cols != p->d || p->d > MXC_STAGE_MAX || p->n_routed < p->lo ||
+        p->n_routed > p->hi || p->off[p->hi] - p->off[p->lo] <= 0)
+        return -1;
+    for (int j = p->lo; j < p->hi; j++)
+        if (p->off[j + 1] - p->off[j] > MXC_STAGE_MAX || (p->off[j + 1] - p->off[j]) % 2)
+            return -1;
+#define MXC_MOER(B, D, RB) \
+    if (bits == B && dt == D && rb == RB) \
+        return launch_moe_r<B, D, RB>(st, p, rmv, rnin, rt, cnt);
+    MXC_MOER(4, MXC_F16, 4) MXC_MOER(4, MXC_BF16, 4) MXC_MOER(4, MXC_F32, 4)
+    MXC_MOER(4, MXC_F16, 8) MXC_MOER(4, MXC_BF16, 8) MXC_MOER(4, MXC_F32, 8)
+    MXC_MOER(8, MXC_F16, 8) MXC_MOER(8, MXC_BF16, 8) MXC_MOER(8, MXC_F32, 8)
+#undef MXC_MOER
+    return -1;
 }
 
 __global__ void k_combine(const float *Y, const float *W, int K, int64_t d, float *out)

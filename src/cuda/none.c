@@ -4,6 +4,8 @@
 
 #include "cuda/cuda.h"
 
+long mx_cuda_routed_launches(void) { return 0; }
+
 int mx_cuda_built(void) { return 0; }
 
 int mx_cuda_probe(char *info, size_t cap)
