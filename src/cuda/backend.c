@@ -70,6 +70,19 @@ typedef struct cu_layer {
     int route_fused;                          /* one token's routes by the router matvec's last block */
     int gpu_route;                            /* softmax top-k on the GPU */
     const float *expert_scale;
+    /* what some families add (all NULL / 1 / -1 where a layer has none) */
+    int mixer;                                /* MX_MIXER_*: attention, DeltaNet, short convolution */
+    int in_i, ba_i, mo_i;                     /* a recurrent mixer's in_proj (qkvz), in_proj_ba, out_proj */
+    const float *conv_w, *conv_b;             /* its convolution */
+    const float *A_log, *dt_bias, *dn_norm;   /* DeltaNet's decay, step bias, gated norm */
+    const float *ao_w, *ao_b, *fo_w, *fo_b;   /* norms of the mixer's and the feed-forward's outputs */
+    float scalar;                             /* the layer's output times this */
+    /* a parallel layer (Gemma 4): the dense MLP's slots beside the
+     * experts', norms of the MLP's output and of the experts' input and
+     * output, the router's input weights (its scale / sqrt(d)) */
+    struct cu_layer *dense;
+    const float *mlo_w, *mlo_b, *mei_w, *mei_b, *meo_w, *meo_b, *rin_w;
+    int plain;                                /* attention and an MoE or MLP alone: run_pass_fused's layer */
 } cu_layer;
 
 /* A call's device buffers, sized for cap tokens.  The decode set is made
@@ -77,6 +90,8 @@ typedef struct cu_layer {
 typedef struct cu_buf {
     int cap;
     float *x, *x2, *xn, *q, *k, *v, *qr, *att, *out, *ffn, *rl, *glog, *W, *H, *Y, *logits;
+    float *xn2, *ffn2;           /* a parallel layer's second input and branch */
+    float *mix_in, *mix_in2, *mix_conv, *mix_out;   /* a recurrent mixer's projections, convolution, output */
     int *P, *tok_list, *pair_list;
     mxc_item *items;
     int32_t *tok;
@@ -93,6 +108,8 @@ typedef struct cu_seq {
     int n_ctx;
     float *part;                 /* decode attention partials for the whole context */
     int n_split;
+    float *state;                /* the recurrent layers' state (mx_seq's layout), or NULL */
+    size_t *soff;                /* [n_layers + 1] floats into state */
     cudaGraphExec_t graph[2];    /* one-token step: gather, fused */
 } cu_seq;
 
@@ -114,6 +131,7 @@ typedef struct cu_ctx {
     int embed_i, head_i;
     const float *inv_freq[MX_MAX_ROPES], *inv_long[MX_MAX_ROPES];
     int64_t q_rows_max, kvd_max, qdim_max, E_max, Kp_max, ff_max;
+    int64_t mix_in_max, mix_in2_max, conv_max, mix_out_max;   /* the recurrent mixers' widest rows */
     int graphable;               /* every MoE layer routes on the GPU */
     int fuse_norms;              /* one-token steps: every norm staged by the streaming kernels that read it */
     int fuse_on;                 /* MLXCEL_CUDA_FUSE (the q/k/v heads inside the attention kernel) */
@@ -330,26 +348,25 @@ static int mlp_quantized(const mx_mlp *p)
 static const char *unsupported(const mx_model *m, int l)
 {
     const mx_layer *L = &m->layers[l];
-    if (L->mixer == MX_MIXER_DELTANET)
-        return "gated DeltaNet (linear attention) layers";
-    if (L->mixer == MX_MIXER_SHORTCONV)
-        return "short-convolution layers";
-    if (L->parallel)
-        return "parallel dense + MoE layers (Gemma 4)";
-    if (L->attn.k_eq_v)
-        return "k = v attention layers";
-    if (L->attn.out_gate)
-        return "gated attention output";
-    if (L->attn_out_norm.w || L->ffn_out_norm.w)
-        return "norms of block outputs";
-    if (L->scalar != 1.0f)
-        return "layer scalars";
-    if (L->attn.head_dim > 256 || L->attn.head_dim % 4)
-        return "a head size above 256 or not a multiple of 4";
-    if (L->attn.n_heads % L->attn.n_kv)
-        return "query heads not a multiple of kv heads";
-    if (L->is_moe && L->moe.router_in_scale)
-        return "scaled router inputs";
+    if (L->mixer == MX_MIXER_DELTANET) {
+        const mx_deltanet *dn = &L->dn;
+        if (dn->K < 1 || dn->K > MXC_CONV_MAXK)
+            return "a convolution of more than 8 taps";
+        if (dn->nk <= 0 || dn->nv % dn->nk || dn->dv > 1024 || dn->dk > 1024)
+            return "DeltaNet heads wider than 1024 or value heads not a multiple of key heads";
+    } else if (L->mixer == MX_MIXER_SHORTCONV) {
+        if (L->sc.L < 1 || L->sc.L > MXC_CONV_MAXK)
+            return "a convolution of more than 8 taps";
+    } else {
+        if (L->attn.head_dim > 256 || L->attn.head_dim % 4)
+            return "a head size above 256 or not a multiple of 4";
+        if (L->attn.n_heads % L->attn.n_kv)
+            return "query heads not a multiple of kv heads";
+        if (L->attn.out_gate && m->fam->qk_norm == MX_QK_NORM_FULL)
+            return "gated attention output with full-width q/k norms";
+    }
+    if (L->parallel && !L->is_moe)
+        return "a parallel layer without experts";
     if (L->is_moe && L->moe.experts.n > 4096)
         return "more than 4096 experts";
     if (L->is_moe && L->moe.shared_gated && L->moe.shared_gate.rows != 1)
@@ -357,23 +374,130 @@ static const char *unsupported(const mx_model *m, int l)
     return NULL;
 }
 
-static int setup_layer(cu_ctx *c, int l, mx_err *e)
+/* The geometry of a feed-forward's slots once its matrices are in the
+ * table from cl->table on: all slots, the phase-1 width, the streaming
+ * kernels' width, the widest slot. */
+static void slot_geometry(cu_ctx *c, cu_layer *cl)
+{
+    cl->Kp = cl->k + cl->n_extra;
+    /* one bit width and group size for every gate and up matrix: the
+     * phase-1 kernel compiled for that width */
+    cl->gu_bits = c->mats[cl->table].bits;
+    for (int i = cl->table; i < c->n_mats && i < cl->table + 3 * (cl->E + cl->n_extra); i++)
+        if (i % 3 != (cl->table + 2) % 3 &&
+            (c->mats[i].bits != cl->gu_bits || c->mats[i].gs != c->mats[cl->table].gs))
+            cl->gu_bits = -1;
+    if (cl->gu_bits <= 0)
+        cl->gu_bits = -1;
+    const mxc_mat *sm0 = &c->mats[cl->table];
+    cl->s_bits = sm0->bits == 4 || sm0->bits == 8 ? sm0->bits : 0;
+    cl->s_dt = sm0->dt;
+    for (int i = cl->table; i < cl->table + 3 * (cl->E + cl->n_extra); i++)
+        if (c->mats[i].bits != cl->s_bits || c->mats[i].dt != cl->s_dt)
+            cl->s_bits = 0;
+    cl->ff_max = cl->dff;
+    for (int x = 0; x < cl->n_extra; x++)
+        cl->ff_max = cl->extra_ff[x] > cl->ff_max ? cl->extra_ff[x] : cl->ff_max;
+    c->Kp_max = cl->Kp > c->Kp_max ? cl->Kp : c->Kp_max;
+    c->ff_max = cl->ff_max > c->ff_max ? cl->ff_max : c->ff_max;
+}
+
+/* A dense MLP as the one slot of cl (a dense layer, or a parallel layer's
+ * dense branch). */
+static int setup_mlp(cu_ctx *c, cu_layer *cl, const mx_mlp *mlp, const char *what, mx_err *e)
+{
+    cl->table = c->n_mats;
+    int rc = add_mlp(c, &mlp->gate, &mlp->up, &mlp->down, what, e);
+    if (rc)
+        return rc;
+    cl->E = 0;
+    cl->n_extra = 1;
+    cl->k = 0;
+    cl->extra_ff[0] = mlp->gate.rows;
+    cl->all_quant = mlp_quantized(mlp);
+    slot_geometry(c, cl);
+    return MX_OK;
+}
+
+/* A norm's weights (and bias) on the GPU; w NULL when the norm is none. */
+static void dev_norm(cu_ctx *c, const mx_norm *n, const float **w, const float **b, mx_err *e)
+{
+    const size_t d = (size_t)c->m->d;
+    *w = n->w ? dev_f32(c, n->w, d, e) : NULL;
+    *b = n->b ? dev_f32(c, n->b, d, e) : NULL;
+}
+
+/* n floats made on the host (not a model array) copied to the GPU; freed
+ * with the model's arrays. */
+static const float *dev_new(cu_ctx *c, const float *h, size_t n, mx_err *e)
+{
+    if (c->n_extra == c->cap_extra) {
+        size_t cap = c->cap_extra ? 2 * c->cap_extra : 64;
+        cu_range *x = realloc(c->extra, cap * sizeof *x);
+        if (!x) {
+            mx_fail(e, MX_ENOMEM, "out of memory");
+            return NULL;
+        }
+        c->extra = x;
+        c->cap_extra = cap;
+    }
+    unsigned char *d = NULL;
+    cudaError_t ce = cudaMalloc((void **)&d, n * sizeof(float));
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess) {
+        cudaFree(d);
+        cu_fail(e, ce, "copying a model array to the GPU");
+        return NULL;
+    }
+    c->extra[c->n_extra++] = (cu_range){NULL, 0, d};   /* h NULL: never found by dev_of */
+    return (const float *)d;
+}
+
+/* Layer l's mixer: attention's matrices and norms, or a recurrent
+ * mixer's. */
+static int setup_mixer(cu_ctx *c, int l, mx_err *e)
 {
     const mx_model *m = c->m;
     const mx_layer *L = &m->layers[l];
     cu_layer *cl = &c->layers[l];
-    const mx_attn *a = &L->attn;
     char what[96];
-    snprintf(what, sizeof what, "layer %d attention", l);
     int rc;
+    cl->mixer = L->mixer;
+    cl->qi = cl->ki = cl->vi = cl->oi = -1;
+    if (L->mixer == MX_MIXER_SHORTCONV) {
+        const mx_shortconv *sc = &L->sc;
+        snprintf(what, sizeof what, "layer %d short convolution", l);
+        if ((rc = add_mat(c, &sc->in, what, &cl->in_i, e)) || (rc = add_mat(c, &sc->out, what, &cl->mo_i, e)))
+            return rc;
+        cl->conv_w = dev_f32(c, sc->conv_w, (size_t)m->d * (size_t)sc->L, e);
+        cl->conv_b = sc->conv_b ? dev_f32(c, sc->conv_b, (size_t)m->d, e) : NULL;
+        c->mix_in_max = sc->in.rows > c->mix_in_max ? sc->in.rows : c->mix_in_max;
+        c->mix_out_max = m->d > c->mix_out_max ? m->d : c->mix_out_max;
+        return e->code;
+    }
+    if (L->mixer == MX_MIXER_DELTANET) {
+        const mx_deltanet *dn = &L->dn;
+        snprintf(what, sizeof what, "layer %d DeltaNet", l);
+        if ((rc = add_mat(c, &dn->qkvz, what, &cl->in_i, e)) || (rc = add_mat(c, &dn->ba, what, &cl->ba_i, e)) ||
+            (rc = add_mat(c, &dn->out, what, &cl->mo_i, e)))
+            return rc;
+        cl->conv_w = dev_f32(c, dn->conv_w, (size_t)dn->conv_dim * (size_t)dn->K, e);
+        cl->A_log = dev_f32(c, dn->A_log, (size_t)dn->nv, e);
+        cl->dt_bias = dev_f32(c, dn->dt_bias, (size_t)dn->nv, e);
+        cl->dn_norm = dev_f32(c, dn->norm_w, (size_t)dn->dv, e);
+        const int64_t vd = (int64_t)dn->nv * dn->dv;
+        c->mix_in_max = dn->qkvz.rows > c->mix_in_max ? dn->qkvz.rows : c->mix_in_max;
+        c->mix_in2_max = dn->ba.rows > c->mix_in2_max ? dn->ba.rows : c->mix_in2_max;
+        c->conv_max = dn->conv_dim > c->conv_max ? dn->conv_dim : c->conv_max;
+        c->mix_out_max = vd > c->mix_out_max ? vd : c->mix_out_max;
+        return e->code;
+    }
+    const mx_attn *a = &L->attn;
+    snprintf(what, sizeof what, "layer %d attention", l);
     if ((rc = add_mat(c, &a->q, what, &cl->qi, e)) || (rc = add_mat(c, &a->k, what, &cl->ki, e)) ||
-        (rc = add_mat(c, &a->v, what, &cl->vi, e)) || (rc = add_mat(c, &a->o, what, &cl->oi, e)))
+        (!a->k_eq_v && (rc = add_mat(c, &a->v, what, &cl->vi, e))) || (rc = add_mat(c, &a->o, what, &cl->oi, e)))
         return rc;
-    const size_t d = (size_t)m->d;
-    cl->an_w = dev_f32(c, L->attn_norm.w, d, e);
-    cl->an_b = L->attn_norm.b ? dev_f32(c, L->attn_norm.b, d, e) : NULL;
-    cl->fn_w = dev_f32(c, L->ffn_norm.w, d, e);
-    cl->fn_b = L->ffn_norm.b ? dev_f32(c, L->ffn_norm.b, d, e) : NULL;
     const size_t nq = m->fam->qk_norm == MX_QK_NORM_FULL ? (size_t)a->q_dim : (size_t)a->head_dim;
     const size_t nk = m->fam->qk_norm == MX_QK_NORM_FULL ? (size_t)a->kv_dim : (size_t)a->head_dim;
     cl->q_norm = a->q_norm ? dev_f32(c, a->q_norm, nq, e) : NULL;
@@ -386,80 +510,98 @@ static int setup_layer(cu_ctx *c, int l, mx_err *e)
     c->q_rows_max = a->q.rows > c->q_rows_max ? a->q.rows : c->q_rows_max;
     c->kvd_max = a->kv_dim > c->kvd_max ? a->kv_dim : c->kvd_max;
     c->qdim_max = a->q_dim > c->qdim_max ? a->q_dim : c->qdim_max;
+    return MX_OK;
+}
+
+static int setup_layer(cu_ctx *c, int l, mx_err *e)
+{
+    const mx_model *m = c->m;
+    const mx_layer *L = &m->layers[l];
+    cu_layer *cl = &c->layers[l];
+    char what[96];
+    int rc;
+    if ((rc = setup_mixer(c, l, e)))
+        return rc;
+    dev_norm(c, &L->attn_norm, &cl->an_w, &cl->an_b, e);
+    dev_norm(c, &L->ffn_norm, &cl->fn_w, &cl->fn_b, e);
+    dev_norm(c, &L->attn_out_norm, &cl->ao_w, &cl->ao_b, e);
+    dev_norm(c, &L->ffn_out_norm, &cl->fo_w, &cl->fo_b, e);
+    if (e->code)
+        return e->code;
+    cl->scalar = L->scalar;
+    cl->plain = L->mixer == MX_MIXER_ATTENTION && !L->attn.k_eq_v && !L->attn.out_gate && !cl->ao_w &&
+                !cl->fo_w && L->scalar == 1.0f && !L->parallel;
 
     cl->is_moe = L->is_moe;
     cl->sgate_i = -1;
     cl->table = c->n_mats;
     if (!L->is_moe) {
         snprintf(what, sizeof what, "layer %d MLP", l);
-        if ((rc = add_mlp(c, &L->mlp.gate, &L->mlp.up, &L->mlp.down, what, e)))
-            return rc;
-        cl->E = 0;
-        cl->n_extra = 1;
-        cl->k = 0;
-        cl->extra_ff[0] = L->mlp.gate.rows;
-        cl->all_quant = mlp_quantized(&L->mlp);
-    } else {
-        const mx_moe_block *b = &L->moe;
-        const mx_experts *ex = &b->experts;
-        for (int x = 0; x < ex->n; x++) {
-            snprintf(what, sizeof what, "layer %d expert %d", l, x);
-            if ((rc = add_mlp(c, &ex->gate[x], &ex->up[x], &ex->down[x], what, e)))
-                return rc;
-        }
-        cl->E = ex->n;
-        cl->dff = ex->d_ff;
-        cl->n_extra = 0;
-        cl->all_quant = 1;
-        for (int x = 0; x < ex->n; x++)
-            cl->all_quant &= ex->gate[x].quantized && ex->up[x].quantized && ex->down[x].quantized;
-        if (b->has_shared) {
-            snprintf(what, sizeof what, "layer %d shared expert", l);
-            if ((rc = add_mlp(c, &b->shared.gate, &b->shared.up, &b->shared.down, what, e)))
-                return rc;
-            cl->extra_ff[cl->n_extra++] = b->shared.gate.rows;
-            cl->all_quant &= mlp_quantized(&b->shared);
-        }
-        snprintf(what, sizeof what, "layer %d router", l);
-        if ((rc = add_mat(c, &b->router, what, &cl->router_i, e)))
-            return rc;
-        if (b->shared_gated && (rc = add_mat(c, &b->shared_gate, what, &cl->sgate_i, e)))
-            return rc;
-        cl->k = b->rule.k < MX_MAX_TOPK ? b->rule.k : MX_MAX_TOPK;
-        cl->k = cl->k < ex->n ? cl->k : ex->n;
-        cl->gpu_route = b->rule.kind == MX_ROUTER_SOFTMAX_TOPK;
-        if (b->rule.expert_scale && !(cl->expert_scale = dev_f32(c, b->rule.expert_scale, (size_t)ex->n, e)))
-            return e->code;
-        c->E_max = cl->E > c->E_max ? cl->E : c->E_max;
-        if (!cl->gpu_route)
-            c->graphable = 0;
+        return setup_mlp(c, cl, &L->mlp, what, e);
     }
-    cl->Kp = cl->k + cl->n_extra;
-    /* one bit width and group size for every gate and up matrix: the
-     * phase-1 kernel compiled for that width */
-    cl->gu_bits = c->mats[cl->table].bits;
-    for (int i = cl->table; i < c->n_mats && i < cl->table + 3 * (cl->E + cl->n_extra); i++)
-        if (i % 3 != (cl->table + 2) % 3 &&
-            (c->mats[i].bits != cl->gu_bits || c->mats[i].gs != c->mats[cl->table].gs))
-            cl->gu_bits = -1;
-    if (cl->gu_bits <= 0)
-        cl->gu_bits = -1;
-    if (cl->is_moe && cl->gpu_route && cl->E <= MXC_ROUTE_FUSED_MAX && mx_env_flag("MLXCEL_CUDA_FUSE", 1)) {
+    const mx_moe_block *b = &L->moe;
+    const mx_experts *ex = &b->experts;
+    for (int x = 0; x < ex->n; x++) {
+        snprintf(what, sizeof what, "layer %d expert %d", l, x);
+        if ((rc = add_mlp(c, &ex->gate[x], &ex->up[x], &ex->down[x], what, e)))
+            return rc;
+    }
+    cl->E = ex->n;
+    cl->dff = ex->d_ff;
+    cl->n_extra = 0;
+    cl->all_quant = 1;
+    for (int x = 0; x < ex->n; x++)
+        cl->all_quant &= ex->gate[x].quantized && ex->up[x].quantized && ex->down[x].quantized;
+    if (b->has_shared) {
+        snprintf(what, sizeof what, "layer %d shared expert", l);
+        if ((rc = add_mlp(c, &b->shared.gate, &b->shared.up, &b->shared.down, what, e)))
+            return rc;
+        cl->extra_ff[cl->n_extra++] = b->shared.gate.rows;
+        cl->all_quant &= mlp_quantized(&b->shared);
+    }
+    snprintf(what, sizeof what, "layer %d router", l);
+    if ((rc = add_mat(c, &b->router, what, &cl->router_i, e)))
+        return rc;
+    if (b->shared_gated && (rc = add_mat(c, &b->shared_gate, what, &cl->sgate_i, e)))
+        return rc;
+    cl->k = b->rule.k < MX_MAX_TOPK ? b->rule.k : MX_MAX_TOPK;
+    cl->k = cl->k < ex->n ? cl->k : ex->n;
+    cl->gpu_route = b->rule.kind == MX_ROUTER_SOFTMAX_TOPK;
+    if (b->rule.expert_scale && !(cl->expert_scale = dev_f32(c, b->rule.expert_scale, (size_t)ex->n, e)))
+        return e->code;
+    c->E_max = cl->E > c->E_max ? cl->E : c->E_max;
+    if (!cl->gpu_route)
+        c->graphable = 0;
+    slot_geometry(c, cl);
+    if (cl->gpu_route && cl->E <= MXC_ROUTE_FUSED_MAX && mx_env_flag("MLXCEL_CUDA_FUSE", 1)) {
         const mxc_mat rs[2] = {c->mats[cl->router_i], cl->sgate_i >= 0 ? c->mats[cl->sgate_i] : c->mats[cl->router_i]};
         cl->route_fused = mxc_stream_ok(rs, cl->sgate_i >= 0 ? 2 : 1);
     }
-    const mxc_mat *sm0 = &c->mats[cl->table];
-    cl->s_bits = sm0->bits == 4 || sm0->bits == 8 ? sm0->bits : 0;
-    cl->s_dt = sm0->dt;
-    for (int i = cl->table; i < cl->table + 3 * (cl->E + cl->n_extra); i++)
-        if (c->mats[i].bits != cl->s_bits || c->mats[i].dt != cl->s_dt)
-            cl->s_bits = 0;
-    cl->ff_max = cl->dff;
-    for (int x = 0; x < cl->n_extra; x++)
-        cl->ff_max = cl->extra_ff[x] > cl->ff_max ? cl->extra_ff[x] : cl->ff_max;
-    c->Kp_max = cl->Kp > c->Kp_max ? cl->Kp : c->Kp_max;
-    c->ff_max = cl->ff_max > c->ff_max ? cl->ff_max : c->ff_max;
-    return MX_OK;
+    if (!L->parallel)
+        return MX_OK;
+    /* Gemma 4: the dense MLP beside the experts, its own slots */
+    if (!(cl->dense = calloc(1, sizeof *cl->dense)))
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    snprintf(what, sizeof what, "layer %d MLP", l);
+    if ((rc = setup_mlp(c, cl->dense, &L->mlp, what, e)))
+        return rc;
+    dev_norm(c, &L->mlp_out_norm, &cl->mlo_w, &cl->mlo_b, e);
+    dev_norm(c, &L->moe_in_norm, &cl->mei_w, &cl->mei_b, e);
+    dev_norm(c, &L->moe_out_norm, &cl->meo_w, &cl->meo_b, e);
+    if (e->code)
+        return e->code;
+    if (!cl->mlo_w || !cl->mei_w || !cl->meo_w)
+        return mx_fail(e, MX_EUNSUPPORTED, "cuda: layer %d: a parallel layer's norms are missing", l);
+    /* rmsnorm(x) * scale / sqrt(d): an RMSNorm whose weight is scale / sqrt(d) */
+    float *w = malloc(sizeof(float) * (size_t)m->d);
+    if (!w)
+        return mx_fail(e, MX_ENOMEM, "out of memory");
+    const float k = 1.0f / sqrtf((float)m->d);
+    for (int i = 0; i < m->d; i++)
+        w[i] = b->router_in_scale ? b->router_in_scale[i] * k : k;
+    cl->rin_w = dev_new(c, w, (size_t)m->d, e);
+    free(w);
+    return cl->rin_w ? MX_OK : e->code;
 }
 
 /* ---- buffers ---------------------------------------------------------------------- */
@@ -468,7 +610,7 @@ static void buf_free(cu_buf *b)
 {
     void *p[] = {b->x, b->x2, b->xn, b->q, b->k, b->v, b->qr, b->att, b->out, b->ffn, b->rl, b->glog, b->W,
                  b->H, b->Y, b->logits, b->P, b->tok_list, b->pair_list, b->items, b->tok, b->pos,
-                 b->part, b->all_logits};
+                 b->part, b->all_logits, b->xn2, b->ffn2, b->mix_in, b->mix_in2, b->mix_conv, b->mix_out};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         cudaFree(p[i]);
     memset(b, 0, sizeof *b);
@@ -510,6 +652,12 @@ static int buf_reserve(cu_ctx *c, cu_buf *b, int T, mx_err *e)
     CK(dalloc(&b->items, (t * Kp + (size_t)c->E_max + MX_MOE_MAX_EXTRA + 1) * 2 * sizeof(mxc_item)));
     CK(dalloc(&b->tok, t * sizeof(int32_t)));
     CK(dalloc(&b->pos, t * sizeof(int)));
+    CK(dalloc(&b->xn2, t * d * f));
+    CK(dalloc(&b->ffn2, t * d * f));
+    CK(dalloc(&b->mix_in, t * (size_t)c->mix_in_max * f));
+    CK(dalloc(&b->mix_in2, t * (size_t)c->mix_in2_max * f));
+    CK(dalloc(&b->mix_conv, t * (size_t)c->conv_max * f));
+    CK(dalloc(&b->mix_out, t * (size_t)c->mix_out_max * f));
     b->cap = T;
     return MX_OK;
 }
@@ -562,6 +710,8 @@ static void seq_state_free(cu_seq *q)
     cudaFree(q->k);
     cudaFree(q->v);
     cudaFree(q->part);
+    cudaFree(q->state);
+    free(q->soff);
     free(q->off);
     free(q);
 }
@@ -581,16 +731,22 @@ static cu_seq *seq_state(cu_ctx *c, mx_seq *s, mx_err *e)
         return s->dev;
     const mx_model *m = c->m;
     cu_seq *q = calloc(1, sizeof *q);
-    if (!q || !(q->off = malloc(sizeof *q->off * (size_t)m->n_layers))) {
+    if (!q || !(q->off = malloc(sizeof *q->off * (size_t)m->n_layers)) ||
+        !(q->soff = malloc(sizeof *q->soff * (size_t)(m->n_layers + 1)))) {
+        if (q)
+            free(q->off);
         free(q);
         mx_fail(e, MX_ENOMEM, "out of memory");
         return NULL;
     }
+    memcpy(q->soff, s->state_off, sizeof *q->soff * (size_t)(m->n_layers + 1));
     size_t n = 0;
     int nh_max = 1, hd_max = 1;
     for (int l = 0; l < m->n_layers; l++) {
         const mx_attn *a = &m->layers[l].attn;
         q->off[l] = n;
+        if (m->layers[l].mixer != MX_MIXER_ATTENTION)
+            continue;
         n += (size_t)a->n_kv * (size_t)s->n_ctx * (size_t)a->head_dim;
         nh_max = a->n_heads > nh_max ? a->n_heads : nh_max;
         hd_max = a->head_dim > hd_max ? a->head_dim : hd_max;
@@ -602,6 +758,12 @@ static cu_seq *seq_state(cu_ctx *c, mx_seq *s, mx_err *e)
         ce = dalloc(&q->v, n * sizeof(float));
     if (ce == cudaSuccess)
         ce = dalloc(&q->part, (size_t)nh_max * (size_t)q->n_split * (size_t)(hd_max + 2) * sizeof(float));
+    const size_t ns = q->soff[m->n_layers];
+    if (ce == cudaSuccess && ns) {   /* zeroed again whenever a call starts at position 0 */
+        ce = dalloc(&q->state, ns * sizeof(float));
+        if (ce == cudaSuccess)
+            ce = cudaMemset(q->state, 0, ns * sizeof(float));
+    }
     if (ce != cudaSuccess) {
         seq_state_free(q);
         mx_fail(e, MX_ENOMEM, "cuda: no room on the GPU for a KV cache of %d tokens (%.1f MiB): %s", s->n_ctx,
@@ -711,7 +873,7 @@ static int linear(call *k, int mi, const float *X, int64_t ldx, float *Y, int64_
  * in one launch: all three 4- or 8-bit with one scale dtype. */
 static int qkv_one_launch(const cu_ctx *c, const cu_layer *cl)
 {
-    const mxc_mat *q = &c->mats[cl->qi], *k = &c->mats[cl->ki], *v = &c->mats[cl->vi];
+    const mxc_mat *q = &c->mats[cl->qi], *k = &c->mats[cl->ki], *v = &c->mats[cl->vi >= 0 ? cl->vi : cl->ki];
     return c->mma_on && (q->bits == 4 || q->bits == 8) && k->bits == q->bits && v->bits == q->bits &&
            k->dt == q->dt && v->dt == q->dt;
 }
@@ -726,8 +888,9 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
     const cu_layer *cl = &c->layers[l];
     cu_buf *b = k->b;
     const int T = k->T, d = m->d;
+    const int nm = cl->vi >= 0 ? 3 : 2;   /* k = v layers: no v projection */
     if (T <= MXC_MV_MAXT) {
-        mxc_mv mv = {.n = 3, .m = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi]},
+        mxc_mv mv = {.n = nm, .m = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi >= 0 ? cl->vi : cl->ki]},
                      .y = {b->q, b->k, b->v}, .ldy = {a->q.rows, a->kv_dim, a->kv_dim}};
         if (nin)
             KL(mxc_matvec_stream(c->st, &mv, NULL, nin, NULL, NULL));
@@ -737,9 +900,10 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
         const mxc_mat *mq = &c->mats[cl->qi];
         int64_t mr = mq->rows;
         mr = c->mats[cl->ki].rows > mr ? c->mats[cl->ki].rows : mr;
-        mr = c->mats[cl->vi].rows > mr ? c->mats[cl->vi].rows : mr;
+        if (cl->vi >= 0)
+            mr = c->mats[cl->vi].rows > mr ? c->mats[cl->vi].rows : mr;
         mxc_tile t = {.table = c->d_mats, .plain = {cl->qi, cl->qi, 0, T}, .max_rows = mr, .X = b->xn, .ldx = d,
-                      .Y = b->q, .ldy = a->q.rows, .prep_rows = T, .prep_k = d, .table_gs = mq->gs, .pn = 3,
+                      .Y = b->q, .ldy = a->q.rows, .prep_rows = T, .prep_k = d, .table_gs = mq->gs, .pn = nm,
                       .pm = {cl->qi, cl->ki, cl->vi}, .py = {b->q, b->k, b->v},
                       .pldy = {a->q.rows, a->kv_dim, a->kv_dim}};
         if (mm_use(c, &t, mq->bits, mq->dt, T, d, e) < 0)
@@ -749,7 +913,7 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
         int rc;
         if ((rc = linear(k, cl->qi, b->xn, d, b->q, a->q.rows, T, e)) ||
             (rc = linear(k, cl->ki, b->xn, d, b->k, a->kv_dim, T, e)) ||
-            (rc = linear(k, cl->vi, b->xn, d, b->v, a->kv_dim, T, e)))
+            (cl->vi >= 0 && (rc = linear(k, cl->vi, b->xn, d, b->v, a->kv_dim, T, e))))
             return rc;
     }
     int rc;
@@ -762,6 +926,8 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
     }
     if (rc)
         return rc;
+    if (a->out_gate)
+        KL(mxc_out_gate(c->st, b->att, b->q, a->q.rows, T, a->n_heads, a->head_dim));
     return linear(k, cl->oi, b->att, a->q_dim, b->out, d, T, e);
 }
 
@@ -779,7 +945,7 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
     const mx_rope *ro = &m->ropes[cl->rope];
     float *kc = sq->k + sq->off[l], *vc = sq->v + sq->off[l];
     mxc_qkv p = {.q = b->q + r * (size_t)a->q.rows, .k = b->k + r * (size_t)a->kv_dim,
-                 .v = b->v + r * (size_t)a->kv_dim, .q_rows = a->q.rows, .qr = b->qr + r * (size_t)a->q_dim,
+                 .v = (a->k_eq_v ? b->k : b->v) + r * (size_t)a->kv_dim, .q_rows = a->q.rows, .q_gate = a->out_gate, .qr = b->qr + r * (size_t)a->q_dim,
                  .kc = kc, .vc = vc, .n_ctx = sq->n_ctx, .pos = b->pos + r, .T = T, .nh = a->n_heads, .nkv = a->n_kv,
                  .hd = a->head_dim, .qk_norm = m->fam->qk_norm == MX_QK_NORM_HEAD ? 1
                                                : m->fam->qk_norm == MX_QK_NORM_FULL ? 2 : 0,
@@ -810,6 +976,94 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
     }
     KL(mxc_attend(c->st, &at));
     return MX_OK;
+}
+
+/* ---- the recurrent mixers ------------------------------------------------------------ */
+
+/* Run i of the call's rows: rows t0 .. t0 + n - 1 continue one sequence
+ * (all T rows of q, or in a batched step row i of seqs[i]). */
+static cu_seq *run_of(const call *k, int i, int *t0, int *n)
+{
+    if (!k->seqs) {
+        *t0 = 0;
+        *n = k->T;
+        return k->q;
+    }
+    *t0 = i;
+    *n = 1;
+    return k->seqs[i];
+}
+
+/* LFM2's short convolution of layer l: b->out = out_proj(C * conv(B * x))
+ * of the normed stream b->xn (model/forward.c's shortconv_block). */
+static int shortconv(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    const mx_shortconv *sc = &m->layers[l].sc;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int d = m->d;
+    const int64_t rows = sc->in.rows;
+    int rc = linear(k, cl->in_i, b->xn, d, b->mix_in, rows, k->T, e);
+    if (rc)
+        return rc;
+    for (int i = 0; i < (k->seqs ? k->T : 1); i++) {
+        int t0, n;
+        cu_seq *q = run_of(k, i, &t0, &n);
+        mxc_conv p = {.mode = MXC_CONV_LFM2, .n = n, .C = d, .K = sc->L, .in = b->mix_in + (size_t)t0 * rows,
+                      .ld_in = rows, .out = b->mix_out + (size_t)t0 * d, .ld_out = d,
+                      .win = q->state + q->soff[l], .w = cl->conv_w, .b = cl->conv_b};
+        KL(mxc_conv_causal(c->st, &p));
+    }
+    return linear(k, cl->mo_i, b->mix_out, d, b->out, d, k->T, e);
+}
+
+/* Qwen3-Next's gated DeltaNet of layer l: b->out of the normed stream
+ * b->xn (model/forward.c's deltanet_block; the delta rule token by token
+ * here, also for a prompt). */
+static int deltanet(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    const mx_deltanet *dn = &m->layers[l].dn;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int d = m->d;
+    const int64_t qr = dn->qkvz.rows, br = dn->ba.rows, vd = (int64_t)dn->nv * dn->dv;
+    int rc = linear(k, cl->in_i, b->xn, d, b->mix_in, qr, k->T, e);
+    if (!rc)
+        rc = linear(k, cl->ba_i, b->xn, d, b->mix_in2, br, k->T, e);
+    if (rc)
+        return rc;
+    for (int i = 0; i < (k->seqs ? k->T : 1); i++) {
+        int t0, n;
+        cu_seq *q = run_of(k, i, &t0, &n);
+        float *st = q->state + q->soff[l];
+        mxc_conv p = {.mode = MXC_CONV_DELTANET, .n = n, .C = dn->conv_dim, .K = dn->K,
+                      .in = b->mix_in + (size_t)t0 * qr, .ld_in = qr,
+                      .out = b->mix_conv + (size_t)t0 * dn->conv_dim, .ld_out = dn->conv_dim, .win = st,
+                      .w = cl->conv_w, .nk = dn->nk, .dk = dn->dk, .dv = dn->dv, .r = dn->nv / dn->nk};
+        KL(mxc_conv_causal(c->st, &p));
+        mxc_dn r = {.n = n, .nk = dn->nk, .nv = dn->nv, .dk = dn->dk, .dv = dn->dv, .conv = p.out,
+                    .qkvz = p.in, .ba = b->mix_in2 + (size_t)t0 * br, .conv_dim = dn->conv_dim, .qkvz_rows = qr,
+                    .ba_rows = br, .S = st + (size_t)dn->conv_dim * (size_t)(dn->K - 1),
+                    .out = b->mix_out + (size_t)t0 * vd, .A_log = cl->A_log, .dt_bias = cl->dt_bias,
+                    .norm_w = cl->dn_norm, .eps = m->eps};
+        KL(mxc_delta_rule(c->st, &r));
+    }
+    return linear(k, cl->mo_i, b->mix_out, vd, b->out, d, k->T, e);
+}
+
+/* The mixer of layer l: b->out of the normed stream b->xn; nin as
+ * attention's. */
+static int mixer(call *k, int l, const mxc_norm_in *nin, mx_err *e)
+{
+    switch (k->c->layers[l].mixer) {
+    case MX_MIXER_SHORTCONV: return shortconv(k, l, e);
+    case MX_MIXER_DELTANET: return deltanet(k, l, e);
+    default: return attention(k, l, nin, e);
+    }
 }
 
 /* The dispatch rule of moe/dispatch.c for a layer's one-token steps: the
@@ -872,11 +1126,11 @@ long mx_cuda_routed_launches(void) { return g_routed_launches; }
  * the sums of all T tokens are (each slot's row apart, or b->ffn).  With
  * rmv (one token, fused, the streaming kernels): the router matvec rmv of
  * the norm rnin routing by rt too, in phase 1's launch where it can. */
-static int moe_one(call *k, int l, int t, const int *P, const float *W, int fused, const mxc_norm_in *nin,
-                   const mxc_mv *rmv, const mxc_route *rt, const mxc_norm_in *rnin, mxc_delta *dl, mx_err *e)
+static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float *W, int fused,
+                   const mxc_norm_in *nin, const mxc_mv *rmv, const mxc_route *rt, const mxc_norm_in *rnin,
+                   mxc_delta *dl, mx_err *e)
 {
     cu_ctx *c = k->c;
-    const cu_layer *cl = &c->layers[l];
     cu_buf *b = k->b;
     const int64_t d = c->m->d, Kp = cl->Kp, r = t;
     mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P + r * Kp, .W = W + r * Kp, .lo = 0, .hi = cl->Kp,
@@ -1030,10 +1284,9 @@ static int moe_many(call *k, int l, mx_err *e)
 }
 
 /* A dense layer's MLP on T > 1 tokens: gate/up tiles, then down. */
-static int mlp_many(call *k, int l, mx_err *e)
+static int mlp_many(call *k, const cu_layer *cl, mx_err *e)
 {
     cu_ctx *c = k->c;
-    const cu_layer *cl = &c->layers[l];
     cu_buf *b = k->b;
     const int d = c->m->d;
     const int64_t ff = cl->extra_ff[0];
@@ -1061,11 +1314,12 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
     const cu_layer *cl = &c->layers[l];
     cu_buf *b = k->b;
     const int T = k->T, d = m->d;
+    const float *rx = cl->rin_w ? b->xn2 : b->xn;   /* the router's input (Gemma 4: its own norm) */
     *dl = (mxc_delta){.D = b->ffn};
     if (!cl->is_moe) {
         if (T > 1)
-            return mlp_many(k, l, e);
-        return moe_one(k, l, 0, c->one_P, c->one_W, 1, nin, NULL, NULL, NULL, dl, e);
+            return mlp_many(k, cl, e);
+        return moe_one(k, cl, 0, c->one_P, c->one_W, 1, nin, NULL, NULL, NULL, dl, e);
     }
     /* router logits and the shared expert's gate logit (and, fused, the
      * routes: the matvec's last block) */
@@ -1090,9 +1344,9 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
                 mx_moe_count(MX_MOE_FUSED, 1);
             mxc_norm_in n2 = *nin;
             n2.x_out = NULL;
-            return moe_one(k, l, 0, b->P, b->W, 1, &n2, &mv, &r, nin, dl, e);
+            return moe_one(k, cl, 0, b->P, b->W, 1, &n2, &mv, &r, nin, dl, e);
         }
-        KL(mxc_matvec_stream(c->st, &mv, nin ? NULL : b->xn, nin, routed ? &r : NULL, c->route_cnt));
+        KL(mxc_matvec_stream(c->st, &mv, nin ? NULL : rx, nin, routed ? &r : NULL, c->route_cnt));
     } else if (T <= MXC_MV_MAXT) {
         mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
         if (cl->sgate_i >= 0) {
@@ -1101,11 +1355,11 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
             mv.y[1] = b->glog;
             mv.ldy[1] = 1;
         }
-        KL(mxc_matvec(c->st, &mv, b->xn, d, T));
+        KL(mxc_matvec(c->st, &mv, rx, d, T));
     } else {
-        int rc = linear(k, cl->router_i, b->xn, d, b->rl, cl->E, T, e);
+        int rc = linear(k, cl->router_i, rx, d, b->rl, cl->E, T, e);
         if (!rc && cl->sgate_i >= 0)
-            rc = linear(k, cl->sgate_i, b->xn, d, b->glog, 1, T, e);
+            rc = linear(k, cl->sgate_i, rx, d, b->glog, 1, T, e);
         if (rc)
             return rc;
     }
@@ -1126,7 +1380,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
          * (fused or gather), which read only its own experts */
         mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, T);
         for (int t = 0; t < T; t++)
-            if ((rc = moe_one(k, l, t, b->P, b->W, fused, NULL, NULL, NULL, NULL, dl, e)))
+            if ((rc = moe_one(k, cl, t, b->P, b->W, fused, NULL, NULL, NULL, NULL, dl, e)))
                 return rc;
         return MX_OK;
     }
@@ -1141,7 +1395,69 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
         n2 = *nin;
         n2.x_out = NULL;
     }
-    return moe_one(k, l, 0, b->P, b->W, fused, nin ? &n2 : NULL, NULL, NULL, NULL, dl, e);
+    return moe_one(k, cl, 0, b->P, b->W, fused, nin ? &n2 : NULL, NULL, NULL, NULL, dl, e);
+}
+
+/* Gemma 4's parallel layer l (model/forward.c's ffn_parallel), b->xn the
+ * stream x after the feed-forward norm: the dense MLP on it, the experts
+ * on moe_in_norm(x), routed by rmsnorm(x) * scale / sqrt(d); b->ffn gets
+ * mlp_out_norm(mlp) + moe_out_norm(experts) (*dl says so). */
+static int ffn_parallel(call *k, int l, mxc_delta *dl, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int T = k->T, d = m->d;
+    int rc;
+    /* the dense branch, into ffn2 normed */
+    mxc_delta dd = {.D = b->ffn};
+    if (T > 1)
+        rc = mlp_many(k, cl->dense, e);
+    else
+        rc = moe_one(k, cl->dense, 0, c->one_P, c->one_W, 1, NULL, NULL, NULL, NULL, &dd, e);
+    if (rc)
+        return rc;
+    KL(mxc_delta_store(c->st, b->ffn2, &dd, T, d));
+    KL(mxc_addnorm(c->st, b->ffn2, NULL, cl->mlo_w, cl->mlo_b, T, d, m->eps, b->ffn2));
+    /* the router's input into xn2, the experts' into xn (the MLP is done with it) */
+    KL(mxc_addnorm(c->st, b->x, NULL, cl->rin_w, NULL, T, d, m->eps, b->xn2));
+    KL(mxc_addnorm(c->st, b->x, NULL, cl->mei_w, cl->mei_b, T, d, m->eps, b->xn));
+    mxc_delta de;
+    if ((rc = ffn(k, l, NULL, &de, e)))
+        return rc;
+    KL(mxc_delta_store(c->st, b->ffn, &de, T, d));
+    KL(mxc_addnorm(c->st, b->ffn, NULL, cl->meo_w, cl->meo_b, T, d, m->eps, b->ffn));
+    const mxc_delta mlp = {.D = b->ffn2};
+    KL(mxc_add(c->st, b->ffn, &mlp, T, d));
+    *dl = (mxc_delta){.D = b->ffn};
+    return MX_OK;
+}
+
+/* After layer l's feed-forward, whose output *dl says where it is: when
+ * the layer norms that output or scales its result, x += ffn_out_norm(dl)
+ * and x *= scalar now, and *delta becomes NULL (nothing left to add);
+ * else *delta = dl, added by the next norm. */
+static int residual(call *k, int l, mxc_delta *dl, const mxc_delta **delta, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const mx_model *m = c->m;
+    const cu_layer *cl = &c->layers[l];
+    cu_buf *b = k->b;
+    const int T = k->T, d = m->d;
+    *delta = dl;
+    if (!cl->fo_w && cl->scalar == 1.0f)
+        return MX_OK;
+    if (cl->fo_w) {
+        KL(mxc_delta_store(c->st, b->ffn, dl, T, d));
+        KL(mxc_addnorm(c->st, b->ffn, NULL, cl->fo_w, cl->fo_b, T, d, m->eps, b->ffn));
+        *dl = (mxc_delta){.D = b->ffn};
+    }
+    KL(mxc_add(c->st, b->x, dl, T, d));
+    if (cl->scalar != 1.0f)
+        KL(mxc_scale(c->st, b->x, (int64_t)T * d, cl->scalar));
+    *delta = NULL;
+    return MX_OK;
 }
 
 /* The trace's copy of rows [T][d] of x after layer `slot` (0: embeddings). */
@@ -1210,14 +1526,17 @@ static int run_pass(call *k, int want_last, mx_err *e)
     for (int l = 0; l < m->n_layers; l++) {
         const cu_layer *cl = &c->layers[l];
         KL(mxc_addnorm(c->st, b->x, delta, cl->an_w, cl->an_b, T, d, m->eps, b->xn));
-        if ((rc = attention(k, l, NULL, e)))
+        if ((rc = mixer(k, l, NULL, e)))
             return rc;
+        if (cl->ao_w)   /* the mixer's output normed before the residual add */
+            KL(mxc_addnorm(c->st, b->out, NULL, cl->ao_w, cl->ao_b, T, d, m->eps, b->out));
         KL(mxc_addnorm(c->st, b->x, &att_out, cl->fn_w, cl->fn_b, T, d, m->eps, b->xn));
-        if ((rc = ffn(k, l, NULL, &dl, e)))
+        if ((rc = cl->dense ? ffn_parallel(k, l, &dl, e) : ffn(k, l, NULL, &dl, e)) ||
+            (rc = residual(k, l, &dl, &delta, e)))
             return rc;
-        delta = &dl;
         if (tr && tr->hidden && l + 1 < m->n_layers) {
-            KL(mxc_add(c->st, b->x, &dl, T, d));
+            if (delta)
+                KL(mxc_add(c->st, b->x, &dl, T, d));
             delta = NULL;
             if ((rc = trace_rows(k, b->x, l + 1, e)))
                 return rc;
@@ -1298,6 +1617,8 @@ static int cu_forward(void *ctx, mx_seq *s, const int32_t *tokens, int n, float 
     cu_seq *q = seq_state(c, s, e);
     if (!q)
         return e->code;
+    if (s->pos == 0 && q->state)   /* a sequence (re)started: its recurrent state from zero */
+        CK(cudaMemsetAsync(q->state, 0, sizeof(float) * q->soff[m->n_layers], c->st));
     const int fused = mx_moe_fused_enabled() ? 1 : 0;
     if (n == 1 && !trace && logits && c->graphable && mx_env_flag("MLXCEL_CUDA_GRAPH", 1)) {
         *c->h_tok = tokens[0];
@@ -1356,6 +1677,9 @@ static int cu_forward_batch(void *ctx, mx_seq *const *seqs, const int32_t *token
     for (int i = 0; i < n && !rc; i++) {
         if (!(qs[i] = seq_state(c, seqs[i], e)))
             rc = e->code;
+        else if (seqs[i]->pos == 0 && qs[i]->state &&
+                 cudaMemsetAsync(qs[i]->state, 0, sizeof(float) * qs[i]->soff[m->n_layers], c->st) != cudaSuccess)
+            rc = mx_fail(e, MX_EIO, "cuda: clearing a sequence's recurrent state failed");
         pos[i] = seqs[i]->pos;
         last = pos[i] > last ? pos[i] : last;
     }
@@ -1426,6 +1750,8 @@ static void cu_free(void *ctx)
         cudaStreamDestroy(c->st);
     free(c->ranges);
     free(c->mats);
+    for (int l = 0; c->layers && l < c->m->n_layers; l++)
+        free(c->layers[l].dense);
     free(c->layers);
     free(c->h_rl), free(c->h_glog), free(c->h_W), free(c->h_P), free(c->h_lists), free(c->h_cnt),
         free(c->h_items);
@@ -1561,6 +1887,10 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->fuse_norms = c->fuse_on && mxc_stream_ok(&c->mats[c->head_i], 1);
     for (int l = 0; l < m->n_layers && c->fuse_norms; l++) {
         const cu_layer *cl = &c->layers[l];
+        if (!cl->plain) {   /* what some families add runs in run_pass alone */
+            c->fuse_norms = 0;
+            break;
+        }
         const mxc_mat qkv[3] = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi]};
         c->fuse_norms = mxc_stream_ok(qkv, 3) && cl->s_bits && c->mats[cl->qi].cols == m->d;
         if (cl->is_moe) {

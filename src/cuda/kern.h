@@ -198,6 +198,7 @@ typedef struct mxc_qkv {
     const float *q_norm, *k_norm;
     float eps, clip;
     int v_norm;
+    int q_gate;                  /* q rows per head [q | gate] (heads 2 hd apart: gated attention) */
     int rope_dims;
     const float *inv_freq, *inv_freq_long;
     float mscale, mscale_long;
@@ -294,6 +295,59 @@ int mxc_combine(cudaStream_t st, const float *Y, const float *W, int T, int K, i
 
 /* logits[i] = tanh(logits[i] / cap) * cap. */
 int mxc_softcap(cudaStream_t st, float *logits, int64_t n, float cap);
+
+/* ---- what some families add (model/forward.c has their CPU form) ---------------- */
+
+/* out[t] = delta[t] (the sum an mxc_delta describes, made a plain row;
+ * out may be delta->D), t < T. */
+int mxc_delta_store(cudaStream_t st, float *out, const mxc_delta *delta, int T, int d);
+
+/* x[i] *= s, i < n (a layer's scalar). */
+int mxc_scale(cudaStream_t st, float *x, int64_t n, float s);
+
+/* Qwen3-Next's gated attention: att[t][h * hd + i] *= sigmoid(the gate),
+ * the gate being the second half of head h's q rows,
+ * q[t * q_rows + h * 2 * hd + hd + i]. */
+int mxc_out_gate(cudaStream_t st, float *att, const float *q, int64_t q_rows, int T, int nh, int hd);
+
+/* The depthwise causal convolution of n tokens of one sequence over its
+ * rolling window win ([C][K - 1], the previous inputs oldest first; left
+ * holding the last K - 1), channel c's input and output by mode:
+ *   MXC_CONV_LFM2: in rows [B | C | x] (C wide each): conv(B * x) + bias,
+ *     times C, into out[t][c];
+ *   MXC_CONV_DELTANET: in rows of in_proj_qkvz, grouped per key head
+ *     [q dk | k dk | v r*dv | z r*dv]; channel c of [q | k | v] (all key
+ *     heads' q first, then k, then the value heads' v), SiLU after. */
+enum { MXC_CONV_LFM2 = 0, MXC_CONV_DELTANET = 1 };
+#define MXC_CONV_MAXK 8
+typedef struct mxc_conv {
+    int mode, n, C, K;
+    const float *in;
+    int64_t ld_in;
+    float *out;
+    int64_t ld_out;
+    float *win;
+    const float *w, *b;          /* [C][K], [C] or NULL */
+    int nk, dk, dv, r;           /* DeltaNet's heads (r = value heads per key head) */
+} mxc_conv;
+int mxc_conv_causal(cudaStream_t st, const mxc_conv *p);
+
+/* The gated delta rule of n tokens of one sequence, a block per value
+ * head h (key head h / r), token by token: q, k of conv (the convolved
+ * [q | k | v] rows) L2-normalised, q / sqrt(dk); beta = sigmoid(b), g =
+ * -exp(A_log) softplus(a + dt_bias) from the in_proj_ba row [b r | a r] of
+ * the key head; S = S exp(g); S += k (beta (v - S^T k))^T; o = S^T q;
+ * out = rmsnorm(o) * norm_w * silu(z) (z from the qkvz rows). */
+typedef struct mxc_dn {
+    int n, nk, nv, dk, dv;
+    const float *conv, *qkvz, *ba;
+    int64_t conv_dim, qkvz_rows, ba_rows;
+    float *S;                    /* [nv][dk][dv] the sequence's state */
+    float *out;                  /* [n][nv * dv] */
+    const float *A_log, *dt_bias, *norm_w;
+    float eps;
+} mxc_dn;
+int mxc_delta_rule(cudaStream_t st, const mxc_dn *p);
 
 /* A device-to-device copy of `bytes`, reps times: GB/s counting bytes read
  * and written (median), or < 0 on error. */

@@ -1541,6 +1541,211 @@ int mxc_softcap(cudaStream_t st, float *logits, int64_t n, float cap)
     return launch_k(k_softcap, (unsigned)((n + 255) / 256), 256, 0, st, 1, logits, n, cap);
 }
 
+/* ---- what some families add: block-output norms' inputs, layer scalars,
+ * gated attention, the recurrent mixers ---------------------------------------- */
+
+__global__ void k_delta_store(float *out, mxc_delta dl, int d, int64_t n)
+{
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = delta_at(dl, (int)(i / d), i % d, d);
+}
+
+int mxc_delta_store(cudaStream_t st, float *out, const mxc_delta *delta, int T, int d)
+{
+    const int64_t n = (int64_t)T * d;
+    return launch_k(k_delta_store, (unsigned)((n + 255) / 256), 256, 0, st, 1, out, *delta, d, n);
+}
+
+__global__ void k_scale(float *x, int64_t n, float s)
+{
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] *= s;
+}
+
+int mxc_scale(cudaStream_t st, float *x, int64_t n, float s)
+{
+    return launch_k(k_scale, (unsigned)((n + 255) / 256), 256, 0, st, 1, x, n, s);
+}
+
+__global__ void k_out_gate(float *att, const float *q, int64_t q_rows, int nh, int hd, int64_t n)
+{
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const int64_t qd = (int64_t)nh * hd, t = i / qd;
+    const int h = (int)((i % qd) / hd), j = (int)(i % hd);
+    const float g = q[t * q_rows + (int64_t)h * 2 * hd + hd + j];
+    att[i] *= 1.0f / (1.0f + expf(-g));
+}
+
+int mxc_out_gate(cudaStream_t st, float *att, const float *q, int64_t q_rows, int T, int nh, int hd)
+{
+    const int64_t n = (int64_t)T * nh * hd;
+    return launch_k(k_out_gate, (unsigned)((n + 255) / 256), 256, 0, st, 1, att, q, q_rows, nh, hd, n);
+}
+
+/* A thread per channel, the tokens in order (each output needs the
+ * previous K - 1 inputs of its channel: the window, then the run's own),
+ * the window in registers.  The sums in the CPU's order (bias, the window
+ * oldest first, the new input). */
+__global__ void k_conv(mxc_conv p)
+{
+    pdl_enter();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= p.C)
+        return;
+    const int K = p.K;
+    int64_t src;   /* the channel's input column */
+    if (p.mode == MXC_CONV_LFM2) {
+        src = c;
+    } else {
+        const int64_t kd = (int64_t)p.nk * p.dk, W = 2 * (int64_t)p.dk + 2 * (int64_t)p.r * p.dv;
+        if (c < kd) {
+            src = (c / p.dk) * W + c % p.dk;
+        } else if (c < 2 * kd) {
+            src = ((c - kd) / p.dk) * W + p.dk + (c - kd) % p.dk;
+        } else {
+            const int64_t vc = c - 2 * kd, h = vc / p.dv;
+            src = (h / p.r) * W + 2 * p.dk + (h % p.r) * p.dv + vc % p.dv;
+        }
+    }
+    float win[MXC_CONV_MAXK], w[MXC_CONV_MAXK];
+#pragma unroll
+    for (int j = 0; j < MXC_CONV_MAXK; j++) {
+        win[j] = j < K - 1 ? p.win[(int64_t)c * (K - 1) + j] : 0.0f;
+        w[j] = j < K - 1 ? p.w[(int64_t)c * K + j] : 0.0f;
+    }
+    const float bias = p.b ? p.b[c] : 0.0f, wl = p.w[(int64_t)c * K + K - 1];
+    for (int t = 0; t < p.n; t++) {
+        const float *row = p.in + (int64_t)t * p.ld_in;
+        const float xi = p.mode == MXC_CONV_LFM2 ? row[c] * row[2 * (int64_t)p.C + c] : row[src];
+        float acc = bias;
+#pragma unroll
+        for (int j = 0; j < MXC_CONV_MAXK - 1; j++)
+            if (j < K - 1)
+                acc += w[j] * win[j];
+        acc += wl * xi;
+#pragma unroll
+        for (int j = 0; j < MXC_CONV_MAXK - 2; j++)
+            if (j < K - 2)
+                win[j] = win[j + 1];
+        if (K > 1)
+#pragma unroll
+            for (int j = 0; j < MXC_CONV_MAXK - 1; j++)
+                if (j == K - 2)
+                    win[j] = xi;
+        float y;
+        if (p.mode == MXC_CONV_LFM2)
+            y = acc * row[p.C + c];
+        else
+            y = acc / (1.0f + expf(-acc));
+        p.out[(int64_t)t * p.ld_out + c] = y;
+    }
+#pragma unroll
+    for (int j = 0; j < MXC_CONV_MAXK - 1; j++)
+        if (j < K - 1)
+            p.win[(int64_t)c * (K - 1) + j] = win[j];
+}
+
+int mxc_conv_causal(cudaStream_t st, const mxc_conv *p)
+{
+    if (p->K < 1 || p->K > MXC_CONV_MAXK)
+        return (int)cudaErrorInvalidValue;
+    return launch_k(k_conv, (unsigned)((p->C + 127) / 128), 128, 0, st, 1, *p);
+}
+
+/* A block per value head, the tokens in order; thread j keeps column j of
+ * S (dk values, stored [a][j] so that a warp's loads are consecutive) and
+ * the arithmetic is the CPU's mx_delta_recurrent's: S decayed and stored,
+ * S^T k from the decayed S, then the update and S^T q in one pass. */
+__global__ void k_delta_rule(mxc_dn p)
+{
+    pdl_enter();
+    extern __shared__ float sm[];
+    float *q = sm, *k = sm + p.dk;   /* [dk] each */
+    const int h = blockIdx.x, r = p.nv / p.nk, hk = h / r, dk = p.dk, dv = p.dv;
+    const int64_t kd = (int64_t)p.nk * dk, vd = (int64_t)p.nv * dv, W = 2 * (int64_t)dk + 2 * (int64_t)r * dv;
+    float *S = p.S + (int64_t)h * dk * dv;
+    const float A = expf(p.A_log[h]), qs = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < p.n; t++) {
+        const float *cv = p.conv + (int64_t)t * p.conv_dim;
+        double sq = 0.0, sk = 0.0;
+        for (int a = threadIdx.x; a < dk; a += blockDim.x) {
+            const float qa = cv[(int64_t)hk * dk + a], ka = cv[kd + (int64_t)hk * dk + a];
+            q[a] = qa;
+            k[a] = ka;
+            sq += (double)qa * qa;
+            sk += (double)ka * ka;
+        }
+        sq = block_sum(sq);
+        sk = block_sum(sk);
+        const float rq = 1.0f / sqrtf((float)sq + 1e-6f), rk = 1.0f / sqrtf((float)sk + 1e-6f);
+        __syncthreads();   /* every q[a], k[a] written before any is scaled by another thread */
+        for (int a = threadIdx.x; a < dk; a += blockDim.x) {
+            q[a] = (q[a] * rq) * qs;
+            k[a] *= rk;
+        }
+        __syncthreads();
+        const float *ba = p.ba + (int64_t)t * p.ba_rows + (int64_t)hk * 2 * r;
+        const float beta = 1.0f / (1.0f + expf(-ba[h % r]));
+        const float x = ba[r + h % r] + p.dt_bias[h];
+        const float g = -A * (x > 20.0f ? x : log1pf(expf(x)));
+        const float decay = expf(g);
+        const float *v = cv + 2 * kd + (int64_t)h * dv;
+        double so = 0.0;
+        float o[4];   /* this thread's columns j = threadIdx.x + i * blockDim.x */
+        for (int i = 0; i < 4; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            o[i] = 0.0f;
+            if (j >= dv)
+                continue;
+            float kv = 0.0f;
+            for (int a = 0; a < dk; a++) {
+                const float s = S[(int64_t)a * dv + j] * decay;
+                S[(int64_t)a * dv + j] = s;
+                kv += s * k[a];
+            }
+            const float delta = (v[j] - kv) * beta;
+            float acc = 0.0f;
+            for (int a = 0; a < dk; a++) {
+                const float s = S[(int64_t)a * dv + j] + k[a] * delta;
+                S[(int64_t)a * dv + j] = s;
+                acc += s * q[a];
+            }
+            o[i] = acc;
+            so += (double)acc * acc;
+        }
+        /* the gated RMSNorm: rmsnorm(o) * norm_w * silu(z) */
+        so = block_sum(so);
+        const float rr = 1.0f / sqrtf((float)(so / (double)dv) + p.eps);
+        const float *z = p.qkvz + (int64_t)t * p.qkvz_rows + (int64_t)hk * W + 2 * (int64_t)dk +
+                         (int64_t)r * dv + (int64_t)(h % r) * dv;
+        float *out = p.out + (int64_t)t * vd + (int64_t)h * dv;
+        for (int i = 0; i < 4; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            if (j < dv)
+                out[j] = p.norm_w[j] * (o[i] * rr) * (z[j] / (1.0f + expf(-z[j])));
+        }
+        __syncthreads();   /* q and k of this token read by every thread before the next's */
+    }
+}
+
+int mxc_delta_rule(cudaStream_t st, const mxc_dn *p)
+{
+    int threads = ((p->dv > p->dk ? p->dv : p->dk) + 31) / 32 * 32;
+    threads = threads < 128 ? 128 : threads;
+    threads = threads > 256 ? 256 : threads;
+    if (p->dv > 4 * threads || p->nv % p->nk)
+        return (int)cudaErrorInvalidValue;
+    return launch_k(k_delta_rule, (unsigned)p->nv, (unsigned)threads, sizeof(float) * 2 * (size_t)p->dk, st, 1,
+                    *p);
+}
+
 /* ---- q/k/v heads: clip, norm, rope, into the cache ---------------------------- */
 
 /* Head h of token t after the q, k, v projections: h < nh a q head (into
@@ -1553,7 +1758,7 @@ __device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv,
     const int isq = h < p.nh, g = isq ? h : h - p.nh;
     const int64_t kvd = (int64_t)p.nkv * hd;
     const float *row = isq ? p.q + t * p.q_rows : p.k + t * kvd;
-    const float *src = row + (int64_t)g * hd;
+    const float *src = row + (int64_t)g * (isq && p.q_gate ? 2 * hd : hd);
     const float c = p.clip;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         const float v = src[i];
@@ -1652,7 +1857,7 @@ __global__ void __launch_bounds__(256) k_qkv_w(mxc_qkv p)
     const int t = (int)(u / nhe), h = (int)(u - (int64_t)t * nhe), hd = p.hd;
     const int isq = h < p.nh, g = isq ? h : h - p.nh;
     const int64_t kvd = (int64_t)p.nkv * hd;
-    const float *src = (isq ? p.q + t * p.q_rows : p.k + t * kvd) + (int64_t)g * hd;
+    const float *src = (isq ? p.q + t * p.q_rows : p.k + t * kvd) + (int64_t)g * (isq && p.q_gate ? 2 * hd : hd);
     const float c = p.clip;
     float hv[NJ];
 #pragma unroll
@@ -2330,7 +2535,10 @@ __device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, fl
 /* stage_x of norm(x + delta) (mxc_norm_in): each block computes the norm
  * of the whole row itself (the same arithmetic as k_addnorm); block 0
  * writes x + delta to x_out.  sums NULL: no chunk sums. */
-__device__ __noinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums)
+/* Inlined, so that the weight loads a kernel primes before it stay in
+ * flight while it runs (as a call, two primed registers were spilled
+ * around it and the call waited for their loads: docs/cuda.md). */
+__device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums)
 {
     double ss = 0.0, sum = 0.0;
     const bool wr = n.x_out && blockIdx.x == 0;
