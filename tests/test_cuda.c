@@ -21,12 +21,16 @@
  *   - models/kjv-moe (trained): GPU logits against the CPU's for prompts of
  *     1, 5 (the matvec path) and 600 tokens (tiles, several attention
  *     splits), then 16 greedy steps; its batched steps (batch_check),
- *     fused MoE on and off. */
+ *     fused MoE on and off;
+ *   - MLXCEL_CUDA_MODELS=dir,...: those checkpoints the same way (prompts
+ *     of 40 and 300 tokens). */
 #include "test.h"
 #include "fixture_cmp.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuda.h"
 #include "model/model.h"
@@ -461,7 +465,10 @@ static void wide_linears(int64_t rows)
 
 /* GPU vs CPU on the trained demo model: prompts of n tokens, then steps
  * greedy tokens, logits within 1e-3 and the same greedy ids. */
-static void kjv(const char *dir, int n, int steps, int window)
+/* The checkpoint in dir (named name in messages) on the GPU against the
+ * CPU: an n-token random prompt's logits at every position, then `steps`
+ * greedy steps, within 1e-3 and the same ids. */
+static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int window)
 {
     mx_err e = {0};
     mx_model *cpu = NULL, *gpu = NULL;
@@ -488,7 +495,7 @@ static void kjv(const char *dir, int n, int steps, int window)
     CHECK_OK(mx_forward(cpu, sc, ids, n, NULL, &ta, &e), &e);
     CHECK_OK(mx_forward(gpu, sg, ids, n, NULL, &tb, &e), &e);
     double d = max_abs_diff(a, b, (size_t)n * V);
-    CHECKF(d < 1e-3, "kjv-moe: a %d-token prompt's logits differ between CPU and GPU by %g", n, d);
+    CHECKF(d < 1e-3, "%s: a %d-token prompt's logits differ between CPU and GPU by %g", name, n, d);
     int32_t next = argmax(a + (size_t)(n - 1) * V, V);
     double worst = 0;
     int same = 1;
@@ -500,9 +507,10 @@ static void kjv(const char *dir, int n, int steps, int window)
         same &= argmax(a, V) == argmax(b, V);
         next = argmax(a, V);
     }
-    CHECKF(worst < 1e-3, "kjv-moe: decode logits after %d prompt tokens differ by %g", n, worst);
-    CHECKF(same, "kjv-moe: greedy ids differ between CPU and GPU after %d prompt tokens", n);
-    fprintf(stderr, "kjv-moe prompt %d, window %d: GPU vs CPU prompt logits %.2g, decode %.2g\n", n, window, d, worst);
+    CHECKF(worst < 1e-3, "%s: decode logits after %d prompt tokens differ by %g", name, n, worst);
+    CHECKF(same, "%s: greedy ids differ between CPU and GPU after %d prompt tokens", name, n);
+    fprintf(stderr, "%s prompt %d, window %d: GPU vs CPU prompt logits %.2g, decode %.2g\n", name, n, window, d,
+            worst);
     mx_seq_free(sc);
     mx_seq_free(sg);
     free(ids), free(a), free(b);
@@ -607,14 +615,25 @@ int main(void)
     if (src) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/models/kjv-moe", src);
-        kjv(dir, 1, 8, 0);
-        kjv(dir, 5, 8, 0);
-        kjv(dir, 600, 16, 0);
-        kjv(dir, 600, 16, 100);
+        gpu_vs_cpu(dir, "kjv-moe", 1, 8, 0);
+        gpu_vs_cpu(dir, "kjv-moe", 5, 8, 0);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100);
         kjv_batch(dir);
         kjv_router(dir);
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
+    }
+    /* MLXCEL_CUDA_MODELS=dir,dir,...: other checkpoints (a synth preset's
+     * layers at full width, say) on the GPU against the CPU */
+    const char *more = getenv("MLXCEL_CUDA_MODELS");
+    if (more && *more) {
+        char *list = strdup(more);
+        for (char *sv = NULL, *d = strtok_r(list, ",", &sv); d; d = strtok_r(NULL, ",", &sv)) {
+            gpu_vs_cpu(d, d, 40, 8, 0);
+            gpu_vs_cpu(d, d, 300, 4, 0);
+        }
+        free(list);
     }
     const char *root = test_fixtures();
     if (root) {

@@ -358,8 +358,8 @@ static const char *unsupported(const mx_model *m, int l)
         if (L->sc.L < 1 || L->sc.L > MXC_CONV_MAXK)
             return "a convolution of more than 8 taps";
     } else {
-        if (L->attn.head_dim > 256 || L->attn.head_dim % 4)
-            return "a head size above 256 or not a multiple of 4";
+        if (L->attn.head_dim > MXC_HD_MAX || L->attn.head_dim % 4)
+            return "a head size above 512 or not a multiple of 4";
         if (L->attn.n_heads % L->attn.n_kv)
             return "query heads not a multiple of kv heads";
         if (L->attn.out_gate && m->fam->qk_norm == MX_QK_NORM_FULL)

@@ -58,6 +58,9 @@ typedef struct mxc_norm_in {
 /* The largest number of tokens the matvec kernel takes in one call (more
  * go through the tile kernel). */
 #define MXC_MV_MAXT 8
+/* The widest attention head the kernels take (Gemma 4's full-attention
+ * layers: 512; prompts past 256 take the split kernel, not the tiles). */
+#define MXC_HD_MAX 512
 /* Slots of one token's expert sum: routed experts plus extra MLPs. */
 #define MXC_MAX_SLOTS 66
 /* Positions of the KV cache one attention block covers: one-token steps

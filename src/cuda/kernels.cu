@@ -2066,7 +2066,7 @@ template <bool FUSE>
 __global__ void __launch_bounds__(256) k_attend(mxc_att a)
 {
     pdl_enter();
-    __shared__ float4 qs[64];
+    __shared__ float4 qs[MXC_HD_MAX / 4];
     __shared__ float sc[256];
     __shared__ float red[1024];
     const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, hd = a.hd, tid = threadIdx.x;
@@ -2086,7 +2086,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
              * holding the position also its kv head's k and v (into the
              * cache: blocks of the other q heads of the group write the
              * same values), so the heads need no launch of their own */
-            __shared__ float hv[256];
+            __shared__ float hv[MXC_HD_MAX];
             qkv_head(a.qkv, t, h, hv, (float *)qs);
             if (pos >= sp * span && pos < sp * span + span) {
                 __syncthreads();
