@@ -3042,6 +3042,25 @@ __device__ __forceinline__ void flag_wait(const int *f)
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
+/* A streaming kernel's input staged in shared memory: x itself or the
+ * norm nin of the residual stream (has_nin), as floats with chunk sums
+ * (xs, sums) or as digits (dg, IX). */
+template <int BITS, bool IX>
+__device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &nin, int has_nin, int nch, float *xs,
+                                            float *sums, uint32_t *dg)
+{
+    if (IX && has_nin) {
+        stage_norm(nin, nch * 32, xs, nullptr);
+        stage_digits<BITS>(xs, XS, nch, dg);
+    } else if (IX) {
+        stage_digits<BITS>(x, 32, nch, dg);
+    } else if (has_nin) {
+        stage_norm(nin, nch * 32, xs, sums);
+    } else {
+        stage_x(x, nch, xs, sums);
+    }
+}
+
 /* The streaming matvec as block blk of nblk: k_mvs, and the router blocks
  * of k_moe1r.  With cnt, the last of the nblk blocks to finish routes the
  * token (threadFenceReduction) and raises rt.ready when it is not NULL. */
@@ -3060,16 +3079,7 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>> walk(g, gstride, G, nch, lane);
     walk.prime(src);   /* weights only: nothing an earlier kernel writes */
     pdl_wait();
-    if (IX && has_nin) {
-        stage_norm(nin, nch * 32, xs, nullptr);
-        stage_digits<BITS>(xs, XS, nch, dg);
-    } else if (IX) {
-        stage_digits<BITS>(x, 32, nch, dg);
-    } else if (has_nin) {
-        stage_norm(nin, nch * 32, xs, sums);
-    } else {
-        stage_x(x, nch, xs, sums);
-    }
+    stage_input<BITS, IX>(x, nin, has_nin, nch, xs, sums, dg);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
     if (!cnt)
@@ -3150,16 +3160,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     moe1_src<BITS, DT> src(p, sm);
     mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT>> walk(g, gstride, G, nch, lane);
     walk.prime(src);   /* the first weights in flight while x is staged */
-    if (IX && p.has_nin) {
-        stage_norm(p.nin, nch * 32, xs, nullptr);
-        stage_digits<BITS>(xs, XS, nch, dg);
-    } else if (IX) {
-        stage_digits<BITS>(p.x, 32, nch, dg);
-    } else if (p.has_nin) {
-        stage_norm(p.nin, nch * 32, xs, sums);
-    } else {
-        stage_x(p.x, nch, xs, sums);
-    }
+    stage_input<BITS, IX>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
 }
@@ -3497,13 +3498,19 @@ static int launch_moe2_s(cudaStream_t st, const mxc_moe1 *p)
     const size_t smem2 = stage_bytes(widest, IX);
     constexpr int RMAX = BITS == 4 ? 4 : 2;
     const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX>, smem2) * sm_count();
+    /* resident() on the variant launched too: it lifts that kernel's
+     * shared-memory limit past 48 KB (a slot wider than about 6000 rows,
+     * a wide dense MLP, staged more than that and its launch failed) */
     if constexpr (RMAX == 4) {
         if (share_blocks(&q, nb, 4) >= nb * 3 / 4)
             return launch_k(k_moe2s<BITS, DT, 4, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
     }
-    if (share_blocks(&q, nb, 2) >= nb * 3 / 4)
+    if (share_blocks(&q, nb, 2) >= nb * 3 / 4) {
+        resident((const void *)k_moe2s<BITS, DT, 2, IX>, smem2);
         return launch_k(k_moe2s<BITS, DT, 2, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+    }
     share_blocks(&q, nb, 1);
+    resident((const void *)k_moe2s<BITS, DT, 1, IX>, smem2);
     return launch_k(k_moe2s<BITS, DT, 1, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
 }
 
