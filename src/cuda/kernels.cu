@@ -554,6 +554,8 @@ __global__ void __launch_bounds__(THREADS) k_matvec(mxc_mv mv, const float *X, i
 static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
                          const mxc_route *rt, int *cnt);
 
+static int matvec_tokens(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T);
+
 int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T)
 {
     int64_t total = 0;
@@ -570,6 +572,9 @@ int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, i
             return launch_matvec1<2>(st, mv, X);
         return launch_matvec1<1>(st, mv, X);
     }
+    const int rc = matvec_tokens(st, mv, X, ldx, T);
+    if (rc >= 0)
+        return rc;
     return launch_k(k_matvec<MXC_MV_MAXT>, blocks, THREADS, 0, st, 1, *mv, X, ldx, T, total);
 }
 
@@ -2971,6 +2976,51 @@ struct mv_walk {
             st[PD - 1] = nx;
         }
     }
+    /* run for T <= NT tokens (a batched decode step's rows): each step's
+     * weights dotted with every token's digits (token t's at dg + t * nch
+     * * DS), token t's sums stored through src.store(g, v, lane, t). */
+    template <int DT, int NT>
+    __device__ __forceinline__ void run_tokens(Src &src, int64_t g, const uint32_t *dg, int T)
+    {
+        int k = 0;
+        float acc[NT][R];
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                acc[t][i] = 0.0f;
+        while (g < G) {
+            mv_stage<BITS, R> nx;
+            load_next(src, nx);
+            const int c = k * 32 + lane;
+            if (c < nch) {
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < T)
+                        stage_idot<BITS, DT, R>(st[0], dg + ((int64_t)t * nch + c) * DS, acc[t]);
+            }
+            if (++k == kc) {
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= T)
+                        break;
+                    float v[R];
+#pragma unroll
+                    for (int i = 0; i < R; i++) {
+                        v[i] = warp_sum(acc[t][i]);
+                        acc[t][i] = 0.0f;
+                    }
+                    src.store(g, v, lane, t);
+                }
+                k = 0;
+                g += gstride;
+            }
+#pragma unroll
+            for (int d = 0; d + 1 < PD; d++)
+                st[d] = st[d + 1];
+            st[PD - 1] = nx;
+        }
+    }
 };
 
 /* Up to 4 matrices against one x: groups of R consecutive rows of each. */
@@ -2995,7 +3045,8 @@ struct mv_src {
         for (int i = 0; i < R; i++)
             load_chunk<BITS, DT, R>(m, min(lr0 + i, m.rows - 1), c, st, i);
     }
-    __device__ __forceinline__ void store(int64_t g, const float *v, int lane)
+    /* token t's row (0: the only one) of group g */
+    __device__ __forceinline__ void store(int64_t g, const float *v, int lane, int t = 0)
     {
         if (lane >= R)
             return;
@@ -3003,10 +3054,11 @@ struct mv_src {
         int64_t or0;
         where(g, oi, or0);
         const mxc_mat &m = mv.m[oi];
+        float *y = mv.y[oi] + (int64_t)t * mv.ldy[oi];
 #pragma unroll
         for (int i = 0; i < R; i++)
             if (lane == i && or0 + i < m.rows)
-                mv.y[oi][or0 + i] = v[i] + (m.bias ? m.bias[or0 + i] : 0.0f);
+                y[or0 + i] = v[i] + (m.bias ? m.bias[or0 + i] : 0.0f);
     }
 };
 
@@ -3109,6 +3161,30 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
                                                    const __grid_constant__ mxc_route rt, int *cnt)
 {
     mvs_blocks<BITS, DT, R, IX>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
+}
+
+/* mxc_matvec of 2 .. NT tokens (a batched decode step's rows) as k_mvs
+ * walks one: the digits of every token's x staged once per block, each
+ * row group's weights loaded once and dotted with all of them.  (The
+ * float k_matvec read x from global memory for every chunk and token: 92
+ * us a launch on average in a batch-8 step, against 12 for k_mvs.) */
+template <int BITS, int DT, int R, int NT>
+__global__ void __launch_bounds__(THREADS, 2) k_mvt(const __grid_constant__ mxc_mv mv, const float *X, int64_t ldx,
+                                                   int T, int64_t G, int nch)
+{
+    extern __shared__ float4 smem_f4[];
+    uint32_t *dg = (uint32_t *)smem_f4;
+    pdl_go();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
+    mv_src<BITS, DT, R> src(mv);
+    mv_walk<BITS, R, mv_depth<BITS, R, true>::v, mv_src<BITS, DT, R>> walk(g, gstride, G, nch, lane);
+    walk.prime(src);   /* weights only: nothing an earlier kernel writes */
+    pdl_wait();
+    for (int t = 0; t < T; t++)
+        stage_digits<BITS>(X + t * ldx, 32, nch, dg + (int64_t)t * nch * DS);
+    walk.template run_tokens<DT, NT>(src, g, dg, T);
+    pdl_trigger();
 }
 
 /* Phase 1: groups of two h rows of one slot (gate rows r, r + 1 then up
@@ -3544,6 +3620,43 @@ static int launch_moe_r(cudaStream_t st, const mxc_moe1 *p, const mxc_mv *rmv, c
     const int rc = launch_k(k_moe1r<BITS, DT, RB>, (unsigned)(want < fit ? want : fit), THREADS, smem, st, 1, *p, G1,
                             shift >= G1 ? (int64_t)0 : shift, *rmv, Gr, *rnin, r, cnt, nrb);
     return rc ? rc : launch_moe2_s<BITS, DT, true>(st, p);
+}
+
+template <int BITS, int DT, int R>
+static int launch_mvt(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T, size_t smem)
+{
+    const int64_t G = mv_groups(mv, R), want = (G + WARPS - 1) / WARPS;
+    const int64_t fit = (int64_t)resident((const void *)k_mvt<BITS, DT, R, MXC_MV_MAXT>, smem) * sm_count();
+    return launch_k(k_mvt<BITS, DT, R, MXC_MV_MAXT>, (unsigned)(want < fit ? want : fit), THREADS, smem, st, 1, *mv,
+                    X, ldx, T, G, (int)(mv->m[0].cols >> 5));
+}
+
+/* 2 .. MXC_MV_MAXT tokens through k_mvt (the integer kernels, every
+ * matrix 4- or 8-bit with one scale dtype, x rows 16-byte aligned, the
+ * tokens' digits in 100 KB); -1 when it does not apply.  Two rows a warp
+ * for 4 bits where that keeps three quarters of the resident blocks busy,
+ * else one. */
+static int matvec_tokens(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T)
+{
+    if (!g_idot || T < 2 || T > MXC_MV_MAXT || !mxc_stream_ok(mv->m, mv->n) || ((uintptr_t)X & 15) || (ldx & 3))
+        return -1;
+    const int bits = mv->m[0].bits, dt = mv->m[0].dt;
+    const int nch = (int)(mv->m[0].cols >> 5);
+    const size_t smem = (size_t)T * nch * DS * sizeof(uint32_t);
+    if (smem > 100 * 1024)
+        return -1;
+    int two = 0;
+    if (bits == 4) {
+        const int64_t fit = (int64_t)resident((const void *)k_mvt<4, MXC_F16, 2, MXC_MV_MAXT>, smem) * sm_count();
+        two = (mv_groups(mv, 2) + WARPS - 1) / WARPS >= fit * 3 / 4;
+    }
+#define MXC_MVT(B, D) \
+    if (bits == B && dt == D) \
+        return two ? launch_mvt<B, D, 2>(st, mv, X, ldx, T, smem) : launch_mvt<B, D, 1>(st, mv, X, ldx, T, smem);
+    MXC_MVT(4, MXC_F16) MXC_MVT(4, MXC_BF16) MXC_MVT(4, MXC_F32)
+    MXC_MVT(8, MXC_F16) MXC_MVT(8, MXC_BF16) MXC_MVT(8, MXC_F32)
+#undef MXC_MVT
+    return -1;
 }
 
 int mxc_matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
