@@ -185,16 +185,20 @@ out:
 static void batch_sizes(mx_model *m, const char *name)
 {
     static const int ns[] = {2, 3, 8, 9, 33};
-    for (int grouped = 0; grouped <= 1; grouped++) {
-        setenv("MLXCEL_CUDA_BATCH_MOE", grouped ? "0" : "64", 1);
+    static const char *const how[] = {"per token", "grouped", "all tokens in one launch"};
+    for (int mode = 0; mode <= 2; mode++) {
+        setenv("MLXCEL_CUDA_BATCH_MOE", mode == 1 ? "0" : "64", 1);
+        if (mode == 2)   /* the opt-in one-launch path (mxc_moe_stream_tokens) */
+            setenv("MLXCEL_CUDA_BATCH_FUSE", "1", 1);
         double worst = 0;
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             const double d = batch_check(m, name, ns[i], 4);
             worst = d > worst ? d : worst;
         }
         unsetenv("MLXCEL_CUDA_BATCH_MOE");
+        unsetenv("MLXCEL_CUDA_BATCH_FUSE");
         fprintf(stderr, "%s fused=%d: batched steps of 2/3/8/9/33 (MoE %s) vs one-token steps: largest "
-                "difference %.2g\n", name, mx_moe_fused_enabled(), grouped ? "grouped" : "per token", worst);
+                "difference %.2g\n", name, mx_moe_fused_enabled(), how[mode], worst);
     }
 }
 

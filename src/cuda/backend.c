@@ -229,6 +229,34 @@ static int upload_tensors(cu_ctx *c, mx_err *e)
 
 /* The device copy of host bytes [h, h + n): inside an uploaded tensor, or
  * copied now (arrays the loader made: norms, biases, rope frequencies). */
+/* n bytes at src copied into a device allocation of their own, recorded
+ * in c->extra under the host address key (dev_of finds it by that; NULL:
+ * never found) and freed with the model's arrays. */
+static unsigned char *copy_extra(cu_ctx *c, const unsigned char *key, const void *src, size_t n, mx_err *e)
+{
+    if (c->n_extra == c->cap_extra) {
+        size_t cap = c->cap_extra ? 2 * c->cap_extra : 64;
+        cu_range *x = realloc(c->extra, cap * sizeof *x);
+        if (!x) {
+            mx_fail(e, MX_ENOMEM, "out of memory");
+            return NULL;
+        }
+        c->extra = x;
+        c->cap_extra = cap;
+    }
+    unsigned char *d = NULL;
+    cudaError_t ce = cudaMalloc((void **)&d, n);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(d, src, n, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess) {
+        cudaFree(d);
+        cu_fail(e, ce, "copying a model array to the GPU");
+        return NULL;
+    }
+    c->extra[c->n_extra++] = (cu_range){key, n, d};
+    return d;
+}
+
 static const void *dev_of(cu_ctx *c, const void *hp, size_t n, mx_err *e)
 {
     if (!hp)
@@ -250,27 +278,7 @@ static const void *dev_of(cu_ctx *c, const void *hp, size_t n, mx_err *e)
     for (size_t i = 0; i < c->n_extra; i++)
         if (c->extra[i].h == h && c->extra[i].n >= n)
             return c->extra[i].d;
-    if (c->n_extra == c->cap_extra) {
-        size_t cap = c->cap_extra ? 2 * c->cap_extra : 64;
-        cu_range *x = realloc(c->extra, cap * sizeof *x);
-        if (!x) {
-            mx_fail(e, MX_ENOMEM, "out of memory");
-            return NULL;
-        }
-        c->extra = x;
-        c->cap_extra = cap;
-    }
-    unsigned char *d = NULL;
-    cudaError_t ce = cudaMalloc((void **)&d, n);
-    if (ce == cudaSuccess)
-        ce = cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    if (ce != cudaSuccess) {
-        cudaFree(d);
-        cu_fail(e, ce, "copying a model array to the GPU");
-        return NULL;
-    }
-    c->extra[c->n_extra++] = (cu_range){h, n, d};
-    return d;
+    return copy_extra(c, h, h, n, e);
 }
 
 static const float *dev_f32(cu_ctx *c, const float *h, size_t n, mx_err *e)
@@ -431,27 +439,7 @@ static void dev_norm(cu_ctx *c, const mx_norm *n, const float **w, const float *
  * with the model's arrays. */
 static const float *dev_new(cu_ctx *c, const float *h, size_t n, mx_err *e)
 {
-    if (c->n_extra == c->cap_extra) {
-        size_t cap = c->cap_extra ? 2 * c->cap_extra : 64;
-        cu_range *x = realloc(c->extra, cap * sizeof *x);
-        if (!x) {
-            mx_fail(e, MX_ENOMEM, "out of memory");
-            return NULL;
-        }
-        c->extra = x;
-        c->cap_extra = cap;
-    }
-    unsigned char *d = NULL;
-    cudaError_t ce = cudaMalloc((void **)&d, n * sizeof(float));
-    if (ce == cudaSuccess)
-        ce = cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
-    if (ce != cudaSuccess) {
-        cudaFree(d);
-        cu_fail(e, ce, "copying a model array to the GPU");
-        return NULL;
-    }
-    c->extra[c->n_extra++] = (cu_range){NULL, 0, d};   /* h NULL: never found by dev_of */
-    return (const float *)d;
+    return (const float *)copy_extra(c, NULL, h, n * sizeof(float), e);
 }
 
 /* Layer l's mixer: attention's matrices and norms, or a recurrent
@@ -1189,6 +1177,39 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
     return MX_OK;
 }
 
+/* The fused expert sums of all T tokens of a batched step in one launch
+ * of each phase (mxc_moe_stream_tokens: T x Kp slots, token-major, so
+ * that *dl is the one-token layout repeated); the streaming kernels' layers
+ * only.  0: done, 1: does not apply (nothing launched), -1: error (e).
+ * Opt-in (MLXCEL_CUDA_BATCH_FUSE=1): written and compiled without a GPU
+ * left to run it on (docs/cuda.md), so not yet tested or measured. */
+static int moe_tokens(call *k, const cu_layer *cl, mxc_delta *dl, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    cu_buf *b = k->b;
+    const int T = k->T, Kp = cl->Kp;
+    if (!cl->s_bits || T * Kp > MXC_MAX_SLOTS)
+        return 1;
+    mxc_moe1 p = {.table = c->d_mats + cl->table, .P = b->P, .W = b->W, .lo = 0, .hi = T * Kp, .x = b->xn,
+                  .h = b->H, .d = c->m->d, .act = c->m->act == MX_ACT_GELU_TANH, .bits = cl->s_bits, .Y = b->Y,
+                  .kp = Kp};
+    int one[MXC_MAX_SLOTS + 1];
+    slot_offsets(cl, one);
+    p.off[0] = 0;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < Kp; j++)
+            p.off[t * Kp + j + 1] = p.off[t * Kp + j] + (one[j + 1] - one[j]);
+    const int rc = mxc_moe_stream_tokens(c->st, &p, cl->s_dt);
+    if (rc < 0)
+        return 1;
+    if (rc) {
+        cu_fail(e, (cudaError_t)rc, "mxc_moe_stream_tokens");
+        return -1;
+    }
+    *dl = (mxc_delta){.Y = b->Y, .W = b->W, .K = Kp};
+    return 0;
+}
+
 /* The largest batched decode step whose MoE layers take each token through
  * the one-token kernels (MLXCEL_CUDA_BATCH_MOE, default 16); larger ones
  * group the (token, expert) pairs by expert as a prompt does (moe_many).
@@ -1379,6 +1400,8 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
         /* a small batched step: each token through the one-token kernels
          * (fused or gather), which read only its own experts */
         mx_moe_count(fused ? MX_MOE_FUSED : MX_MOE_GATHER, T);
+        if (fused && mx_env_flag("MLXCEL_CUDA_BATCH_FUSE", 0) && (rc = moe_tokens(k, cl, dl, e)) <= 0)
+            return rc < 0 ? e->code : MX_OK;   /* < 0: error, 0: done */
         for (int t = 0; t < T; t++)
             if ((rc = moe_one(k, cl, t, b->P, b->W, fused, NULL, NULL, NULL, NULL, dl, e)))
                 return rc;

@@ -270,6 +270,9 @@ typedef struct mxc_moe1 {
      * sets *ready back to 0 */
     int *ready;
     int n_routed, kind0;
+    /* mxc_moe_stream_tokens: slots [0, hi) are kp a token, token t's x at
+     * x + t * d (0: one token) */
+    int kp;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */
@@ -281,6 +284,12 @@ int mxc_moe_phase2(cudaStream_t st, const mxc_moe1 *p);
  * h as phase 1, then slot j's down projection of h_j into p->Y + j * d,
  * unweighted (an mxc_delta of the slots sums them with W). */
 int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt);
+
+/* mxc_moe_stream for the tokens of a batched step in one launch of each
+ * phase (p->kp slots a token, lo 0, the integer kernels, x plain rows, the
+ * tokens' digits in 100 KB); -1 (nothing launched) when it does not
+ * apply. */
+int mxc_moe_stream_tokens(cudaStream_t st, const mxc_moe1 *p, int dt);
 
 /* mxc_moe_stream with the router in phase 1's launch: its first blocks
  * run the router matvec rmv (mxc_matvec_stream's, x the norm rnin) and

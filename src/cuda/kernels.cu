@@ -2949,13 +2949,16 @@ struct mv_walk {
 #pragma unroll
         for (int i = 0; i < R; i++)
             acc[i] = 0.0f;
+        /* the digits of the item's token (src.xoff: several tokens' x
+         * staged, as phase 1 of a batched step's experts) */
+        const uint32_t *dgi = g < G ? dg + src.xoff(g, nch) : dg;
         while (g < G) {
             mv_stage<BITS, R> nx;
             load_next(src, nx);
             const int c = k * 32 + lane;
             if (c < nch) {
                 if constexpr (IX)
-                    stage_idot<BITS, DT, R>(st[0], dg + c * DS, acc);
+                    stage_idot<BITS, DT, R>(st[0], dgi + c * DS, acc);
                 else
                     stage_dot<BITS, DT, R>(st[0], xs + c * XS, sums[c], acc);
             }
@@ -2969,6 +2972,8 @@ struct mv_walk {
                 src.store(g, v, lane);
                 k = 0;
                 g += gstride;
+                if (g < G)
+                    dgi = dg + src.xoff(g, nch);
             }
 #pragma unroll
             for (int d = 0; d + 1 < PD; d++)
@@ -3038,6 +3043,7 @@ struct mv_src {
         r0 = g * R;
     }
     __device__ __forceinline__ void locate(int64_t g) { where(g, li, lr0); }
+    __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one x */
     __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
     {
         const mxc_mat &m = mv.m[li];
@@ -3189,7 +3195,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvt(const __grid_constant__ mxc_
 
 /* Phase 1: groups of two h rows of one slot (gate rows r, r + 1 then up
  * rows r, r + 1); h = act(g) * u. */
-template <int BITS, int DT>
+template <int BITS, int DT, bool MT = false>
 struct moe1_src {
     const mxc_moe1 &p;
     const mxc_mat *sm;
@@ -3202,6 +3208,20 @@ struct moe1_src {
         while (lgr >= p.off[lj + 1])
             lj++;
         lr = lgr - p.off[lj];
+    }
+    /* the digits of group g's token: with MT (p.kp > 0), slot j is token
+     * (j - lo) / kp's, whose x was staged t * nch * DS words in; a
+     * compile-time 0 for one token, so that the one-token kernel is the
+     * same code (the search costs it registers: 16 bytes of spills) */
+    __device__ __forceinline__ int64_t xoff(int64_t g, int nch) const
+    {
+        if constexpr (!MT)
+            return 0;
+        const int64_t gr = p.off[p.lo] + 2 * g;
+        int j = p.lo;
+        while (gr >= p.off[j + 1])
+            j++;
+        return (int64_t)((j - p.lo) / p.kp) * nch * DS;
     }
     __device__ __forceinline__ void load(int c, mv_stage<BITS, 4> &st)
     {
@@ -3221,7 +3241,7 @@ struct moe1_src {
     }
 };
 
-template <int BITS, int DT, bool IX>
+template <int BITS, int DT, bool IX, bool MT = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
@@ -3233,10 +3253,15 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     load_slots(p, sm, 0, 2);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
-    moe1_src<BITS, DT> src(p, sm);
-    mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT>> walk(g, gstride, G, nch, lane);
+    moe1_src<BITS, DT, MT> src(p, sm);
+    mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT, MT>> walk(g, gstride, G, nch, lane);
     walk.prime(src);   /* the first weights in flight while x is staged */
-    stage_input<BITS, IX>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
+    if constexpr (IX && MT) {   /* a batched step's tokens, all of them (p.x rows d apart) */
+        for (int t = 0; t < (p.hi - p.lo) / p.kp; t++)
+            stage_digits<BITS>(p.x + t * p.d, 32, nch, dg + (int64_t)t * nch * DS);
+    } else {
+        stage_input<BITS, IX>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
+    }
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
 }
@@ -3278,6 +3303,7 @@ struct moe1r_src {
         }
         return __ldcg(p.P + j);
     }
+    __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one x */
     __device__ __forceinline__ void locate(int64_t g)
     {
         const int j = slot(g, lr);
@@ -3356,6 +3382,7 @@ struct moe2_src {
     int64_t rows, lr0;
     __device__ moe2_src(const mxc_mat &mm, float *yy, int64_t d) : m(mm), y(yy), rows(d), lr0(0) {}
     __device__ __forceinline__ void locate(int64_t g) { lr0 = g * R; }
+    __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one slot's h */
     __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
     {
 #pragma unroll
@@ -3595,9 +3622,21 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
 {
     /* phase 1 over every slot's h rows */
     const int64_t G1 = (p->off[p->hi] - p->off[p->lo]) / 2;
-    const size_t smem1 = stage_bytes(p->d, IX);
-    int64_t want = (G1 + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX>, smem1) * sm_count();
-    const int rc = launch_k(k_moe1s<BITS, DT, IX>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, *p, G1);
+    size_t smem1 = stage_bytes(p->d, IX);
+    if (p->kp) {   /* every token's digits */
+        const size_t all = (size_t)((p->hi - p->lo) / p->kp) * (size_t)(p->d >> 5) * DS * sizeof(uint32_t);
+        smem1 = all > smem1 ? all : smem1;
+    }
+    int rc;
+    if (IX && p->kp) {
+        const int64_t want = (G1 + WARPS - 1) / WARPS,
+                      fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, true>, smem1) * sm_count();
+        rc = launch_k(k_moe1s<BITS, DT, IX, true>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, *p, G1);
+    } else {
+        const int64_t want = (G1 + WARPS - 1) / WARPS,
+                      fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX>, smem1) * sm_count();
+        rc = launch_k(k_moe1s<BITS, DT, IX>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, *p, G1);
+    }
     return rc ? rc : launch_moe2_s<BITS, DT, IX>(st, p);
 }
 
@@ -3683,6 +3722,15 @@ int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt)
     MXC_MOES(8, MXC_F16) MXC_MOES(8, MXC_BF16) MXC_MOES(8, MXC_F32)
 #undef MXC_MOES
     return (int)cudaErrorInvalidValue;
+}
+
+int mxc_moe_stream_tokens(cudaStream_t st, const mxc_moe1 *p, int dt)
+{
+    const int n = p->kp > 0 ? (p->hi - p->lo) / p->kp : 0;
+    if (!g_idot || n < 1 || p->lo != 0 || (p->hi - p->lo) % p->kp || p->has_nin || ((uintptr_t)p->x & 15) ||
+        p->d % 4 || (size_t)n * (size_t)(p->d >> 5) * DS * sizeof(uint32_t) > 100 * 1024)
+        return -1;
+    return mxc_moe_stream(st, p, dt);
 }
 
 int mxc_moe_stream_routed(cudaStream_t st, const mxc_moe1 *p, int dt, const mxc_mv *rmv, const mxc_norm_in *rnin,
