@@ -82,10 +82,28 @@ __global__ void k_persistent(int *words, int n, unsigned *count, unsigned *gen)
     }
 }
 
-static double median(std::vector<double> v)
+/* Median milliseconds of reps calls of run() on st, after 3 to warm up. */
+template <class F>
+static double time_runs(cudaStream_t st, int reps, F run)
 {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<double> t;
+    for (int r = 0; r < reps + 3; r++) {
+        CK(cudaEventRecord(a, st));
+        run();
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (r >= 3)
+            t.push_back(ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
 }
 
 /* Median milliseconds of reps replays of a graph of n k_step launches. */
@@ -108,53 +126,24 @@ static double time_graph(cudaStream_t st, int *words, int n, unsigned blocks, in
     }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<double> t;
-    for (int r = 0; r < reps + 3; r++) {
-        CK(cudaEventRecord(a, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= 3)   /* the first replays warm up */
-            t.push_back(ms);
-    }
+    const double ms = time_runs(st, reps, [&] { CK(cudaGraphLaunch(ge, st)); });
     int last = 0;
     CK(cudaMemcpy(&last, words + n - 1, sizeof last, cudaMemcpyDeviceToHost));
     if (last != n) {
         fprintf(stderr, "bench_cuda_chain: the chain computed %d, not %d\n", last, n);
         exit(1);
     }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
-    return median(t);
+    return ms;
 }
 
 static double time_persistent(cudaStream_t st, int *words, int n, unsigned blocks, unsigned *sync, int reps)
 {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<double> t;
-    for (int r = 0; r < reps + 3; r++) {
-        CK(cudaEventRecord(a, st));
+    return time_runs(st, reps, [&] {
         k_persistent<<<blocks, 256, 0, st>>>(words, n, sync, sync + 1);
         CK(cudaGetLastError());
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= 3)
-            t.push_back(ms);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return median(t);
+    });
 }
 
 int main(int argc, char **argv)
