@@ -188,8 +188,10 @@ static void batch_sizes(mx_model *m, const char *name)
     static const char *const how[] = {"per token", "grouped", "all tokens in one launch"};
     for (int mode = 0; mode <= 2; mode++) {
         setenv("MLXCEL_CUDA_BATCH_MOE", mode == 1 ? "0" : "64", 1);
-        if (mode == 2)   /* the opt-in one-launch path (mxc_moe_stream_tokens) */
-            setenv("MLXCEL_CUDA_BATCH_FUSE", "1", 1);
+        /* mode 2: the default one-launch path (mxc_moe_stream_tokens);
+         * the others a pair of launches per token */
+        if (mode < 2)
+            setenv("MLXCEL_CUDA_BATCH_FUSE", "0", 1);
         double worst = 0;
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             const double d = batch_check(m, name, ns[i], 4);
