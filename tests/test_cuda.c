@@ -408,10 +408,12 @@ static void run_refused(const char *root)
  * tensor-core tiles take 64 at a time: one partial tile, two, three), an
  * odd row count, 14 chunks a row for groups of 32 and 64 (a partial stage
  * of 4 chunks), each tile size with MLXCEL_CUDA_MMA on (4 and 8 bits on
- * the tensor cores, the other widths on the fp32 tile kernel) and off. */
+ * the tensor cores, the other widths on the fp32 tile kernel; wgmma's N
+ * of 16, 32, 48 and 64 tokens: 20, 40, 77 = 64 + 13 tokens), with
+ * MLXCEL_CUDA_WGMMA=0 (the warp MMAs) and with MLXCEL_CUDA_MMA=0. */
 static void linears(void)
 {
-    static const int bits[] = {2, 3, 4, 5, 6, 8}, gss[] = {32, 64, 128}, Ts[] = {1, 3, 40, 77, 130};
+    static const int bits[] = {2, 3, 4, 5, 6, 8}, gss[] = {32, 64, 128}, Ts[] = {1, 3, 20, 40, 77, 130};
     static const mx_dtype sdt[] = {MX_F16, MX_BF16, MX_F32};
     enum { NT = sizeof Ts / sizeof Ts[0], TMAX = 130 };
     const int64_t rows = 203, cmax = 448;
@@ -438,8 +440,10 @@ static void linears(void)
                     for (int64_t i = 0; i < T * cols; i++)
                         X[i] = test_randf(&seed);
                     mx_linear_matmul(&l, X, T, ref);
-                    for (int mma = 1; mma >= (T > 8 ? 0 : 1); mma--) {
+                    /* mma 2: the default (wgmma where the GPU has it), 1: warp MMAs, 0: fp32 tiles */
+                    for (int mma = 2; mma >= (T > 8 ? 0 : 2); mma--) {
                         setenv("MLXCEL_CUDA_MMA", mma ? "1" : "0", 1);
+                        setenv("MLXCEL_CUDA_WGMMA", mma == 2 ? "1" : "0", 1);
                         int rc = mx_cuda_linear(&l, X, T, got, &e);
                         CHECK_OK(rc, &e);
                         const double d = max_abs_diff(ref, got, (size_t)(T * rows)) / (max_abs(ref, (size_t)(T * rows)) + 1e-30);
@@ -453,6 +457,7 @@ static void linears(void)
                 }
             }
     unsetenv("MLXCEL_CUDA_MMA");
+    unsetenv("MLXCEL_CUDA_WGMMA");
     mx_qkernels_force(NULL);
     CHECKF(bad == 0, "%d of %d GPU linears differ from the CPU reference", bad, runs);
     free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);

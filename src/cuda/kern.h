@@ -186,6 +186,10 @@ void mxc_set_qkv_warp(int on);
  * off: the float kernels). */
 void mxc_set_idot(int on);
 
+/* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
+ * code (probed once; MLXCEL_CUDA_WGMMA=1, else the warp MMAs). */
+void mxc_set_wgmma(int on);
+
 /* After the q, k, v projections of T tokens: each q head clipped, normed
  * and rotated into qr [T][nh][hd]; each kv head's k (the same) and v
  * (clipped, v_norm) into the cache at the token's position. */

@@ -744,6 +744,12 @@ __global__ void __launch_bounds__(256) k_tile(mxc_tile a)
 #ifndef MXC_MM_MINB
 #define MXC_MM_MINB 3            /* resident blocks per SM the registers are sized for */
 #endif
+/* The wgmma tiles (k_mm<..., WG = true>): blocks of two warpgroups, 128
+ * rows (each stage of X serves twice the rows of the warp-MMA tiles: the
+ * copies of X, not the MMAs, bound those), four stages in flight, one
+ * block an SM (the accumulators take 64 registers a thread). */
+__host__ __device__ constexpr int mm_threads(bool wg) { return wg ? 256 : MM_THREADS; }
+__host__ __device__ constexpr int mm_rows(bool wg) { return wg ? 128 : MM_R; }
 #define MM_XP (MM_KC * 32 + 8)   /* halves per token row of a stage (16 bytes of padding: ldmatrix rows hit distinct banks) */
 
 /* Where value v of a 32-value chunk goes in the prepared X. */
@@ -826,6 +832,141 @@ __device__ __forceinline__ void mma16816z(float *d, const uint32_t *a, uint32_t 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+
+/* ---- wgmma (Hopper's warpgroup MMA, sm_90a only) -------------------------
+ * k_mm<..., WG = true>: the block's four warps are one warpgroup, and each
+ * k16 step of the 64-row stage is one asynchronous wgmma over all the
+ * tile's tokens at once (m64nNk16, N = 16..64): A, the unpacked weights,
+ * from registers in mma.sync's fragment layout (the same unpacking as the
+ * warp MMAs), B, X's parts, from shared memory in the no-swizzle
+ * "core matrix" layout (8 tokens x 8 values, 128 contiguous bytes; the
+ * next 8 values 1024 bytes on, the next 8 tokens 128).  The instruction
+ * stream per MMA shrinks from about 9 warp instructions to a fraction of
+ * one, and the unpacking of the next chunk overlaps the tensor cores. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MXC_WG_ARCH 1
+#else
+#define MXC_WG_ARCH 0
+#endif
+
+__device__ int d_wgmma_built;
+
+/* what this build's device code has: 1 where the kernels were compiled
+ * for sm_90a (the GPU runs that machine code), 0 where it runs the PTX */
+__global__ void k_wgmma_probe(void) { d_wgmma_built = MXC_WG_ARCH; }
+
+__device__ __forceinline__ void wg_fence(void)
+{
+#if MXC_WG_ARCH
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_commit(void)
+{
+#if MXC_WG_ARCH
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_wait0(void)
+{
+#if MXC_WG_ARCH
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+}
+
+/* shared memory written by the generic proxy (cp.async, st.shared) made
+ * visible to wgmma's reads (the async proxy) */
+__device__ __forceinline__ void fence_async_shared(void)
+{
+#if MXC_WG_ARCH
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+/* B's descriptor, K-major with the 128-byte swizzle: each token's 64
+ * values of a stage part one 128-byte row (its 16-byte pieces stored at
+ * piece ^ (token & 7)), 8 token rows an atom of 1024 bytes (the stride),
+ * the atoms 1024-aligned; a k16 step starts 32 bytes into the row (the
+ * leading offset is unused in this layout) */
+__device__ __forceinline__ uint64_t wg_desc(unsigned saddr)
+{
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* the compiler must not move reads of d above a wait, nor reuse a's
+ * registers before it: tie them to this point */
+__device__ __forceinline__ void wg_hold(float (&d)[8][4])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            asm volatile("" : "+f"(d[j][i])::"memory");
+}
+
+__device__ __forceinline__ void wg_hold(uint32_t (&a)[2][4])
+{
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            asm volatile("" : "+r"(a[j][i])::"memory");
+}
+
+/* d (+)= A B, m64nNk16, f32 += f16 x f16; acc 0: d = A B */
+template <int N>
+__device__ __forceinline__ void wg_mma(float (&d)[8][4], const uint32_t *a, uint64_t desc, int acc);
+
+template <> __device__ __forceinline__ void wg_mma<16>(float (&d)[8][4], const uint32_t *a, uint64_t desc, int acc)
+{
+#if MXC_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+#else
+    __trap();
+#endif
+}
+
+template <> __device__ __forceinline__ void wg_mma<32>(float (&d)[8][4], const uint32_t *a, uint64_t desc, int acc)
+{
+#if MXC_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+#else
+    __trap();
+#endif
+}
+
+template <> __device__ __forceinline__ void wg_mma<48>(float (&d)[8][4], const uint32_t *a, uint64_t desc, int acc)
+{
+#if MXC_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, {%24,%25,%26,%27}, %28, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+#else
+    __trap();
+#endif
+}
+
+template <> __device__ __forceinline__ void wg_mma<64>(float (&d)[8][4], const uint32_t *a, uint64_t desc, int acc)
+{
+#if MXC_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+#else
+    __trap();
+#endif
+}
+
 /* f16 pair i of a chunk row's words (see above): values i and i + 4 of the
  * lane's 8. */
 /* (x & MASK) | 0x64006400 in one instruction (the compiler makes two). */
@@ -902,11 +1043,23 @@ __host__ __device__ constexpr int mm_ns(int bits) { return bits == 8 ? 2 : 3; }
  * load hit distinct banks). */
 __host__ __device__ constexpr int mm_wst(int bits) { return MM_KC * bits + (bits == 4 ? 4 : 8); }
 
-/* Bytes of one stage: both parts of X, the chunk sums, the weights. */
-__host__ __device__ constexpr int mm_stage(int bits)
+/* Bytes of both parts of X in a stage: token rows padded for ldmatrix, or
+ * wgmma's core matrices (unpadded). */
+__host__ __device__ constexpr int mm_xb(bool wg)
 {
-    return 2 * MXC_MM_T * MM_XP * 2 + MXC_MM_T * MM_KC * 4 + MM_R * mm_wst(bits) * 4;
+    return wg ? 2 * MXC_MM_T * MM_KC * 32 * 2 : 2 * MXC_MM_T * MM_XP * 2;
 }
+
+/* Bytes of one stage: both parts of X, the chunk sums, the weights (wgmma:
+ * a multiple of 1024, where its 128-byte swizzle repeats). */
+__host__ __device__ constexpr int mm_stage(int bits, bool wg)
+{
+    return wg ? (mm_xb(wg) + MXC_MM_T * MM_KC * 4 + mm_rows(wg) * mm_wst(bits) * 4 + 1023) / 1024 * 1024
+              : mm_xb(wg) + MXC_MM_T * MM_KC * 4 + MM_R * mm_wst(bits) * 4;
+}
+
+/* Stages in flight. */
+__host__ __device__ constexpr int mm_nstage(int bits, bool wg) { return wg ? 4 : mm_ns(bits); }
 
 __device__ __forceinline__ void cp_async16s(unsigned s, const void *gmem)
 {
@@ -933,7 +1086,7 @@ __device__ __forceinline__ void cp_async4z(unsigned s, const void *gmem, unsigne
  * warp for the MMA's latency); Z: the group's first chunk, whose first MMA
  * starts from zero. */
 template <int BITS, int MT, int NT, bool Z>
-__device__ __forceinline__ void mm_chunk(float (&acc)[8][4], float (&sx)[4][2], const uint32_t *Wp,
+__device__ __forceinline__ void mm_chunk(float (&acc)[8][4], float (&sx)[8][2], const uint32_t *Wp,
                                          const __half *Xp, const float *Sp)
 {
     constexpr int WST = mm_wst(BITS);
@@ -991,7 +1144,7 @@ __device__ __forceinline__ void mm_chunk(float (&acc)[8][4], float (&sx)[4][2], 
 
 /* The end of a group: tot += s_g * acc + b_g * sum_g(x / dx), as two FMAs. */
 template <int MT, int NT>
-__device__ __forceinline__ void mm_fold(float (&tot)[8][4], const float (&acc)[8][4], float (&sx)[4][2],
+__device__ __forceinline__ void mm_fold(float (&tot)[8][4], const float (&acc)[8][4], float (&sx)[8][2],
                                         const float (&sc)[2][2], const float (&bb)[2][2])
 {
 #pragma unroll
@@ -1005,6 +1158,52 @@ __device__ __forceinline__ void mm_fold(float (&tot)[8][4], const float (&acc)[8
     }
 }
 
+/* One chunk (two k16 steps, both parts of X) of a warpgroup's 64 rows
+ * and N tokens (k_mm<..., WG = true>): the lane's weights of rows g and
+ * g + 8 of its warp's 16 unpacked into af as for mm_chunk, then four
+ * wgmmas, committed as one group; the caller waits.  Wp: the lane's first
+ * weight word of the chunk, xs: the chunk's X (part 0) in shared memory,
+ * Sp: the chunk sums of the lane's first token; Z: the group's first
+ * chunk (its first wgmma starts from zero). */
+template <int BITS, int N>
+__device__ __forceinline__ void mw_chunk(float (&acc)[8][4], float (&sx)[8][2], uint32_t (&af)[2][4],
+                                         const uint32_t *Wp, unsigned xs, const float *Sp, bool Z)
+{
+    constexpr int WST = mm_wst(BITS);
+    uint32_t w[2][BITS == 4 ? 1 : 2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint32_t *p = Wp + 8 * h * WST;
+        if constexpr (BITS == 4) {
+            w[h][0] = p[0];
+        } else {
+            const uint2 v = *(const uint2 *)p;
+            w[h][0] = v.x, w[h][1] = v.y;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) {
+        const float2 v = *(const float2 *)(Sp + n * 8);
+        sx[n][0] += v.x, sx[n][1] += v.y;
+    }
+    af[0][0] = mm_pair<BITS, 0>(w[0]);
+    af[0][1] = mm_pair<BITS, 0>(w[1]);
+    af[0][2] = mm_pair<BITS, 1>(w[0]);
+    af[0][3] = mm_pair<BITS, 1>(w[1]);
+    af[1][0] = mm_pair<BITS, 2>(w[0]);
+    af[1][1] = mm_pair<BITS, 2>(w[1]);
+    af[1][2] = mm_pair<BITS, 3>(w[0]);
+    af[1][3] = mm_pair<BITS, 3>(w[1]);
+    wg_fence();
+#pragma unroll
+    for (int part = 0; part < 2; part++)
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++)
+            wg_mma<N>(acc, af[ks], wg_desc(xs + part * (MXC_MM_T * MM_KC * 32 * 2) + ks * 32),
+                      !(Z && part == 0 && ks == 0));
+    wg_commit();
+}
+
 /* Warp layouts.  A tile of more than 32 tokens: warp (wr, wt) = (warp & 1,
  * warp >> 1) takes rows 32 wr .. + 32 of the block's 64 (dual: wr picks
  * gate or up) and tokens 32 wt .. + 32, MT = 2.  A tile of 32 tokens or
@@ -1015,19 +1214,21 @@ __device__ __forceinline__ void mm_fold(float (&tot)[8][4], const float (&acc)[8
  * mode 10 MT + NT, 0: none. */
 __device__ __forceinline__ int mm_mode(int mt, int ntv) { return ntv == 0 ? 0 : 10 * mt + ((ntv + 1) & ~1); }
 
-template <int BITS, int DT>
-__global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
+template <int BITS, int DT, bool WG>
+__global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc_tile a)
 {
+    constexpr int THR = mm_threads(WG), R = mm_rows(WG), HR = R / 2;   /* threads, rows a block, dual: gate rows */
     constexpr int WST = mm_wst(BITS);
     constexpr int PPR = MM_KC * BITS / 4;                    /* 16-byte pieces per weight row of a full stage */
-    constexpr int WK = MM_R * PPR / MM_THREADS;              /* of them per thread */
-    constexpr int XB = 2 * MXC_MM_T * MM_XP * 2;             /* bytes of both parts of X in a stage */
-    constexpr int STAGE = mm_stage(BITS), NS = mm_ns(BITS);
-    static_assert(MM_KC == 2 && MM_THREADS == 128, "the staging assumes 8 pieces a token row, 128 threads");
+    constexpr int WK = R * PPR / THR;                        /* of them per thread */
+    constexpr int XB = mm_xb(WG);                            /* bytes of both parts of X in a stage */
+    constexpr int STAGE = mm_stage(BITS, WG), NS = mm_nstage(BITS, WG);
+    constexpr int NJ = MXC_MM_T * 8 / THR;                   /* X rows a thread copies (8 pieces a row) */
+    static_assert(MM_KC == 2 && R * PPR % THR == 0 && NJ <= 4, "the staging assumes 8 pieces a token row");
     extern __shared__ float4 smem_f4[];
     __shared__ int64_t xrows[MXC_MM_T];
     __shared__ int64_t xoff[MXC_MM_T];   /* xrows * ld: the row's first half in mm.hi / mm.lo */
-    __shared__ uint4 xtab[MM_THREADS];   /* each thread's X sources (below) */
+    __shared__ uint4 xtab[THR];          /* each thread's X sources (below) */
     pdl_enter();
     mxc_item it;
     float *Yo = a.Y;
@@ -1048,7 +1249,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     }
     const mxc_mat M0 = a.table[it.m0];
     const mxc_mat M1 = a.dual ? a.table[it.m1] : M0;
-    const int RB = a.dual ? MM_R / 2 : MM_R;
+    const int RB = a.dual ? HR : R;
     const int64_t r0 = (int64_t)blockIdx.x * RB;
     if (r0 >= M0.rows || it.n <= 0)
         return;
@@ -1057,19 +1258,21 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         xrows[tid] = tid < it.n ? (a.in_list ? a.in_list[it.off + tid] : it.off + tid) : -1;
         xoff[tid] = xrows[tid] >= 0 ? xrows[tid] * a.mm.ld : -1;
     }
-    const int mt = it.n <= 32 ? 1 : 2;
+    const int mt = WG || it.n <= 32 ? 1 : 2;   /* WG: the 16-row layout, every token */
     const int wsr = mt == 1 ? warp * 16 : (warp & 1) * 32;   /* the warp's first row of the stage */
     const int tb = mt == 1 ? 0 : (warp >> 1) * 32;            /* its first token of the tile */
-    /* the warp's matrix (dual: stage rows 0..31 gate, 32..63 up), by fields */
-    const bool w1 = a.dual && wsr >= 32;
+    /* the warp's matrix (dual: the stage's first HR rows gate, the rest up), by fields */
+    const bool w1 = a.dual && wsr >= HR;
     const void *ws = w1 ? M1.s : M0.s, *wb = w1 ? M1.b : M0.b;
     const int64_t wrows = w1 ? M1.rows : M0.rows, wgs = w1 ? M1.gs : M0.gs;
-    const int64_t wrow0 = a.dual ? r0 + (wsr & 31) : r0 + wsr;   /* the warp's first row of its matrix */
+    const int64_t wrow0 = a.dual ? r0 + (wsr & (HR - 1)) : r0 + wsr;   /* the warp's first row of its matrix */
     const int nch = (int)(M0.cols >> 5);
     const int64_t gpr = M0.cols / wgs;
     const int cpg = (int)(wgs >> 5);                     /* chunks per group (gate and up may differ) */
     const int64_t wpr = M0.cols * BITS / 32;             /* words per row */
-    const int mode = mm_mode(mt, min(4, max(0, (it.n - tb + 7) >> 3)));
+    /* WG: the tile's tokens rounded up to 16, 32, 48 or 64 (wgmma's N) */
+    const int mode = WG ? (it.n <= 16 ? 16 : it.n <= 32 ? 32 : it.n <= 48 ? 48 : 64)
+                        : mm_mode(mt, min(4, max(0, (it.n - tb + 7) >> 3)));
     const int64_t lds = a.mm.ld >> 5;
     __syncthreads();
     /* split-K (a.splits > 1, plain single tiles): this block's chunks
@@ -1082,40 +1285,46 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
      * of X, one chunk sum.  Sources at stage 0; stage s is s * MM_KC chunks
      * on.  Rows past the tile's tokens read nothing and fill zeros (their
      * results are never stored), so the copies need no branches. */
-    const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem_f4);
+    const unsigned sraw = (unsigned)__cvta_generic_to_shared(smem_f4);
+    const unsigned sbase = WG ? (sraw + 1023u) & ~1023u : sraw;   /* WG: the swizzle's atoms 1024-aligned */
+    const unsigned char *sgen = (const unsigned char *)smem_f4 + (sbase - sraw);
     const unsigned char *wsrc[WK];
     int wpc[WK];
 #pragma unroll
     for (int k = 0; k < WK; k++) {
-        const int i = k * MM_THREADS + tid, r = i / PPR, pc = i % PPR;
-        const bool m1 = a.dual && r >= 32;
-        const int64_t gr = min((a.dual ? r0 + (r & 31) : r0 + r), (m1 ? M1.rows : M0.rows) - 1);
+        const int i = k * THR + tid, r = i / PPR, pc = i % PPR;
+        const bool m1 = a.dual && r >= HR;
+        const int64_t gr = min((a.dual ? r0 + (r & (HR - 1)) : r0 + r), (m1 ? M1.rows : M0.rows) - 1);
         wsrc[k] = (const unsigned char *)((const uint32_t *)(m1 ? M1.w : M0.w) + gr * wpr + (int64_t)cbeg * BITS + pc * 4);
         wpc[k] = pc;
     }
-    const int pcx = tid & 7;
-    /* the 4 rows' first halves in mm.hi and mm.lo (32 bits: a split X of
+    /* the thread's 16-byte piece pcx (8 values) of token rows xr0 + THR / 8
+     * j, j < NJ: 8 threads a token row's 8 pieces, one line read */
+    const int pcx = tid & 7, xr0 = tid >> 3;
+    /* the NJ rows' first halves in mm.hi and mm.lo (32 bits: a split X of
      * 2^32 halves would be 8 GiB), in shared memory (registers are short
      * here: held in registers they spilled, and the spill loads stalled
      * every stage); bit j of xmask: row j holds a token */
     uint32_t xmask = 0;
     {
-        uint32_t o[4];
+        uint32_t o[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int64_t xo = xoff[(tid >> 3) + 16 * j];
+        for (int j = 0; j < NJ; j++) {
+            const int64_t xo = xoff[xr0 + THR / 8 * j];
             o[j] = (uint32_t)((xo >= 0 ? xo : xoff[0]) + (int64_t)cbeg * 32 + pcx * 8);
             xmask |= xo >= 0 ? 1u << j : 0u;
         }
         xtab[tid] = make_uint4(o[0], o[1], o[2], o[3]);
     }
     const __half *xhi = (const __half *)a.mm.hi, *xlo = (const __half *)a.mm.lo;
-    const int64_t sr = xrows[tid >> 1];
+    const int64_t sr = tid < 2 * MXC_MM_T ? xrows[tid >> 1] : -1;
     const float *ssrc = a.mm.sum + (sr >= 0 ? sr : xrows[0]) * lds + cbeg + (tid & 1);
     const unsigned sn = sr >= 0 ? 4 : 0;
-    /* shared addresses in buffer 0: X row tid / 8 piece pcx, the chunk sum
-     * (token tid / 2, chunk tid % 2), weight piece k */
-    const unsigned xdst = sbase + ((tid >> 3) * MM_XP + pcx * 8) * 2;
+    /* shared addresses in buffer 0: X row xr0 piece pcx (the next row of
+     * the thread xjs on, the lo part xpo on), the chunk sum (token tid / 2,
+     * chunk tid % 2), weight piece k */
+    const unsigned xdst = WG ? sbase + xr0 * 128 + ((pcx ^ (xr0 & 7)) << 4) : sbase + (xr0 * MM_XP + pcx * 8) * 2;
+    constexpr unsigned xjs = WG ? THR / 8 * 128 : THR / 8 * MM_XP * 2, xpo = XB / 2;
     const unsigned sdst = sbase + XB + ((tid & 1) * MXC_MM_T + (tid >> 1)) * 4;   /* sums: [chunk][token] */
     const unsigned wdst = sbase + XB + MXC_MM_T * MM_KC * 4;
 
@@ -1125,7 +1334,7 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
 #pragma unroll
         for (int k = 0; k < WK; k++) {
-            const int i = k * MM_THREADS + tid;
+            const int i = k * THR + tid;
             if (wpc[k] < kc * BITS / 4)
                 cp_async16s(wdst + bo + ((i / PPR) * WST + wpc[k] * 4) * 4, wsrc[k] + s * (MM_KC * BITS * 4));
         }
@@ -1134,13 +1343,13 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
             const uint4 xs = xtab[tid];
             const uint32_t xsrc[4] = {xs.x, xs.y, xs.z, xs.w};
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < NJ; j++) {
                 const uint32_t o = xsrc[j] + so, n = (xmask >> j & 1) * 16;
-                cp_async16z(xdst + bo + j * 16 * MM_XP * 2, xhi + o, n);
-                cp_async16z(xdst + bo + (j * 16 + MXC_MM_T) * MM_XP * 2, xlo + o, n);
+                cp_async16z(xdst + bo + j * xjs, xhi + o, n);
+                cp_async16z(xdst + bo + j * xjs + xpo, xlo + o, n);
             }
         }
-        if ((tid & 1) < kc)
+        if ((tid & 1) < kc && tid < 2 * MXC_MM_T)
             cp_async4z(sdst + bo, ssrc + s * MM_KC, sn);
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
@@ -1154,9 +1363,9 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
 
     const int ns = (cend - cbeg + MM_KC - 1) / MM_KC;
     int gc = 0, grp = cbeg / cpg;   /* chunks of the current group seen, its index */
-    float sx[4][2];
+    float sx[8][2];
 #pragma unroll
-    for (int n = 0; n < 4; n++)
+    for (int n = 0; n < 8; n++)
         sx[n][0] = sx[n][1] = 0.0f;
     /* the scales and biases of the lane's rows for the current group,
      * loaded a group ahead (an L2 round trip per group otherwise stalls
@@ -1183,20 +1392,83 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     int buf = 0;
     for (int s = 0; s < ns; s++) {
         asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
+        if constexpr (WG)
+            fence_async_shared();   /* the copies, visible to wgmma's reads */
         __syncthreads();
         if (s + NS - 1 < ns)
             load(s + NS - 1, buf == 0 ? NS - 1 : buf - 1);
         else
             asm volatile("cp.async.commit_group;" ::: "memory");
-        const unsigned char *base = (const unsigned char *)smem_f4 + buf * STAGE;
+        const unsigned char *base = sgen + buf * STAGE;
         const __half *Xs = (const __half *)base;
+        (void)Xs;
         const float *Ss = (const float *)(base + XB);
         const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
         const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
-        for (int cc = 0; cc < kc; cc++) {
-            const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
-            const __half *Xp = Xs + (tb + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8;
-            const float *Sp = Ss + cc * MXC_MM_T + tb + 2 * t4;
+        /* the end of a group: fold it in (WG: once its wgmmas are done) */
+        auto group_end = [&]() {
+            if (++gc < cpg)
+                return;
+            if constexpr (WG) {
+                wg_wait0();
+                wg_hold(acc);
+            }
+            float sc[2][2], bb[2][2];
+            const uint32_t gn = grp + 1 < gpr ? grp + 1 : grp;
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    sc[m][h] = rawf_t<DT>(rs[m][h]);
+                    bb[m][h] = rawf_t<DT>(rb[m][h]);
+                    if (m < mt) {
+                        rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + gn);
+                        rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + gn);
+                    }
+                }
+            switch (mode) {
+            case 12: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
+            case 14: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
+            case 22: mm_fold<2, 2>(tot, acc, sx, sc, bb); break;
+            case 24: mm_fold<2, 4>(tot, acc, sx, sc, bb); break;
+            case 16: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
+            case 32: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
+            case 48: mm_fold<1, 6>(tot, acc, sx, sc, bb); break;
+            case 64: mm_fold<1, 8>(tot, acc, sx, sc, bb); break;
+            }
+            gc = 0;
+            grp++;
+        };
+        if constexpr (WG) {
+            /* the two chunks' fragments in separate registers, so that the
+             * second chunk's unpacking overlaps the first chunk's wgmmas;
+             * every wgmma reading this buffer is done before the next
+             * stage's barrier lets its copies overwrite it */
+            uint32_t af[2][2][4];
+            const unsigned xs = sbase + buf * STAGE;
+#pragma unroll
+            for (int cc = 0; cc < MM_KC; cc++) {
+                if (cc >= kc)
+                    break;
+                const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
+                const float *Sp = Ss + cc * MXC_MM_T + 2 * t4;
+                const unsigned xc = xs + cc * 64;   /* a chunk: 64 bytes of each token row */
+                switch (mode) {
+                case 16: mw_chunk<BITS, 16>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
+                case 32: mw_chunk<BITS, 32>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
+                case 48: mw_chunk<BITS, 48>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
+                default: mw_chunk<BITS, 64>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
+                }
+                group_end();
+            }
+            wg_wait0();
+            wg_hold(acc);
+            wg_hold(af[0]);
+        } else {
+            for (int cc = 0; cc < kc; cc++) {
+                const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
+                const __half *Xp = Xs + (tb + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8;
+                const float *Sp = Ss + cc * MXC_MM_T + tb + 2 * t4;
 #define MM_CHUNK(c, MT, NT) \
     case c: \
         if (gc == 0) \
@@ -1204,50 +1476,29 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
         else \
             mm_chunk<BITS, MT, NT, false>(acc, sx, Wp, Xp, Sp); \
         break;
-            switch (mode) {
-                MM_CHUNK(12, 1, 2) MM_CHUNK(14, 1, 4)
-                MM_CHUNK(22, 2, 2) MM_CHUNK(24, 2, 4)
-            }
-#undef MM_CHUNK
-            if (++gc == cpg) {   /* the end of a group: fold it in */
-                float sc[2][2], bb[2][2];
-                const uint32_t gn = grp + 1 < gpr ? grp + 1 : grp;
-#pragma unroll
-                for (int m = 0; m < 2; m++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        sc[m][h] = rawf_t<DT>(rs[m][h]);
-                        bb[m][h] = rawf_t<DT>(rb[m][h]);
-                        if (m < mt) {
-                            rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + gn);
-                            rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + gn);
-                        }
-                    }
                 switch (mode) {
-                case 12: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
-                case 14: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
-                case 22: mm_fold<2, 2>(tot, acc, sx, sc, bb); break;
-                case 24: mm_fold<2, 4>(tot, acc, sx, sc, bb); break;
+                    MM_CHUNK(12, 1, 2) MM_CHUNK(14, 1, 4)
+                    MM_CHUNK(22, 2, 2) MM_CHUNK(24, 2, 4)
                 }
-                gc = 0;
-                grp++;
+#undef MM_CHUNK
+                group_end();
             }
         }
         buf = buf + 1 == NS ? 0 : buf + 1;
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
-    /* y = dx * tot (+ bias); dual: gate rows (stage rows 0..31) and up rows
-     * (32..63) meet in shared memory first, once every warp is done with
-     * the stages.  The layout is a template argument here so that the
+    /* y = dx * tot (+ bias); dual: gate rows (the stage's first HR) and up
+     * rows meet in shared memory first, once every warp is done with the
+     * stages.  The layout is a template argument here so that the
      * accumulators are indexed by constants (registers, not local memory). */
-    float *G = (float *)smem_f4;   /* dual: [64 rows][MXC_MM_T + 1] */
+    float *G = (float *)smem_f4;   /* dual: [R rows][MXC_MM_T + 1] */
     float *P = a.mm.part + (int64_t)blockIdx.z * a.plain.n * M0.rows;   /* split-K: partial sums, added in split order by k_mm_sum */
     auto out = [&](auto mtc) {
         constexpr int MT = decltype(mtc)::value;
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+            for (int n = 0; n < (WG ? 8 : 4); n++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int lt = tb + n * 8 + 2 * t4 + e;
@@ -1278,16 +1529,36 @@ __global__ void __launch_bounds__(MM_THREADS, MXC_MM_MINB) k_mm(mxc_tile a)
     if (!a.dual)
         return;
     __syncthreads();
-    for (int i = tid; i < 32 * MXC_MM_T; i += MM_THREADS) {
-        const int r = i & 31, lt = i >> 5;
+    for (int i = tid; i < HR * MXC_MM_T; i += THR) {
+        const int r = i % HR, lt = i / HR;
         if (lt >= it.n || r0 + r >= M0.rows)
             continue;
         const int64_t o = a.out_list ? a.out_list[it.off + lt] : it.off + lt;
-        a.Y[o * a.ldy + r0 + r] = glu(a.act, G[r * (MXC_MM_T + 1) + lt], G[(32 + r) * (MXC_MM_T + 1) + lt]);
+        a.Y[o * a.ldy + r0 + r] = glu(a.act, G[r * (MXC_MM_T + 1) + lt], G[(HR + r) * (MXC_MM_T + 1) + lt]);
     }
 }
 
-static size_t mm_smem(int bits) { return (size_t)mm_ns(bits) * mm_stage(bits); }
+static size_t mm_smem(int bits, bool wg) { return (size_t)mm_nstage(bits, wg) * mm_stage(bits, wg) + (wg ? 1024 : 0); }
+
+/* k_mm on wgmma (MLXCEL_CUDA_WGMMA=1, opt-in until measured) where the build has
+ * sm_90a machine code and the GPU runs it: k_wgmma_probe, run once when
+ * the switch is first set (at the backend's start, outside any graph
+ * capture). */
+static int g_wgmma = 0, g_wgmma_ok = -1;
+
+extern "C" void mxc_set_wgmma(int on)
+{
+    if (on && g_wgmma_ok < 0) {
+        int v = 0;
+        k_wgmma_probe<<<1, 1>>>();
+        if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&v, d_wgmma_built, sizeof v) != cudaSuccess)
+            v = 0;
+        g_wgmma_ok = v;
+    }
+    g_wgmma = on && g_wgmma_ok == 1;
+}
+
+static bool use_wgmma(void) { return g_wgmma != 0; }
 
 static int sm_count(void);
 
@@ -1306,16 +1577,16 @@ __global__ void k_mm_sum(mxc_tile a)
     a.Y[t * a.ldy + r] = v + (M.bias ? M.bias[r] : 0.0f);
 }
 
-template <int BITS, int DT>
+template <int BITS, int DT, bool WG>
 static int launch_mm(cudaStream_t st, const mxc_tile *t, unsigned ny)
 {
-    const size_t smem = mm_smem(BITS);
+    const size_t smem = mm_smem(BITS, WG);
     static int attr_set;
     if (!attr_set) {
-        cudaFuncSetAttribute(k_mm<BITS, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(k_mm<BITS, DT, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attr_set = 1;
     }
-    const int64_t rb = t->dual ? MM_R / 2 : MM_R;
+    const int64_t rb = t->dual ? mm_rows(WG) / 2 : mm_rows(WG);
     const unsigned nx = (unsigned)((t->max_rows + rb - 1) / rb);
     /* a grid too small for the GPU (a router, a one-row gate): split K in
      * whole groups over up to 16 blocks per tile */
@@ -1339,7 +1610,7 @@ static int launch_mm(cudaStream_t st, const mxc_tile *t, unsigned ny)
     }
 run:;
     dim3 grid(nx, ny, (unsigned)u.splits);
-    int rc = launch_k(k_mm<BITS, DT>, grid, MM_THREADS, smem, st, 1, u);
+    int rc = launch_k(k_mm<BITS, DT, WG>, grid, mm_threads(WG), smem, st, 1, u);
     if (rc || u.splits == 1)
         return rc;
     const int64_t n = (int64_t)t->plain.n * t->max_rows;
@@ -1356,9 +1627,10 @@ static int mm_run(cudaStream_t st, const mxc_tile *t)
     int rc = t->skip_prep ? 0 : launch_k(k_mm_prep, np, 128, 0, st, 1, *t);
     if (rc)
         return rc;
+    const bool wg = use_wgmma();
 #define MXC_MM(B, D) \
     if (t->mma == B && t->mma_dt == D) \
-        return launch_mm<B, D>(st, t, ny);
+        return wg ? launch_mm<B, D, true>(st, t, ny) : launch_mm<B, D, false>(st, t, ny);
     MXC_MM(4, MXC_F16) MXC_MM(4, MXC_BF16) MXC_MM(4, MXC_F32)
     MXC_MM(8, MXC_F16) MXC_MM(8, MXC_BF16) MXC_MM(8, MXC_F32)
 #undef MXC_MM
