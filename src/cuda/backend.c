@@ -1810,7 +1810,7 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
     cu_ctx c = {.mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1)};
     float *dx = NULL, *dy = NULL;
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
-    mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 0));
+    mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     int idx, rc = add_mat(&c, l, "linear", &idx, e);
     const size_t nx = (size_t)T * (size_t)l->cols, ny = (size_t)T * (size_t)l->rows;
     cudaError_t ce = cudaSuccess;
@@ -1870,7 +1870,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1);
     mxc_set_qkv_warp(mx_env_flag("MLXCEL_CUDA_QKV_WARP", 1));
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
-    mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 0));
+    mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);

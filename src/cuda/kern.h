@@ -187,7 +187,7 @@ void mxc_set_qkv_warp(int on);
 void mxc_set_idot(int on);
 
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
- * code (probed once; MLXCEL_CUDA_WGMMA=1, else the warp MMAs). */
+ * code (probed once; MLXCEL_CUDA_WGMMA=0: the warp MMAs). */
 void mxc_set_wgmma(int on);
 
 /* After the q, k, v projections of T tokens: each q head clipped, normed

@@ -1059,7 +1059,10 @@ __host__ __device__ constexpr int mm_stage(int bits, bool wg)
 }
 
 /* Stages in flight. */
-__host__ __device__ constexpr int mm_nstage(int bits, bool wg) { return wg ? 4 : mm_ns(bits); }
+#ifndef MXC_MM_NS_WG
+#define MXC_MM_NS_WG 4
+#endif
+__host__ __device__ constexpr int mm_nstage(int bits, bool wg) { return wg ? MXC_MM_NS_WG : mm_ns(bits); }
 
 __device__ __forceinline__ void cp_async16s(unsigned s, const void *gmem)
 {
@@ -1540,7 +1543,7 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
 
 static size_t mm_smem(int bits, bool wg) { return (size_t)mm_nstage(bits, wg) * mm_stage(bits, wg) + (wg ? 1024 : 0); }
 
-/* k_mm on wgmma (MLXCEL_CUDA_WGMMA=1, opt-in until measured) where the build has
+/* k_mm on wgmma (MLXCEL_CUDA_WGMMA, on by default) where the build has
  * sm_90a machine code and the GPU runs it: k_wgmma_probe, run once when
  * the switch is first set (at the backend's start, outside any graph
  * capture). */
