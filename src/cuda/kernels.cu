@@ -1207,7 +1207,9 @@ __device__ __forceinline__ void mw_chunk(float (&acc)[8][4], float (&sx)[8][2], 
     wg_commit();
 }
 
-/* Warp layouts.  A tile of more than 32 tokens: warp (wr, wt) = (warp & 1,
+/* Warp layouts (WG = false; WG = true: 8 warps, warp w rows 16 w .. + 16 of
+ * the block's 128, every token, each warpgroup's 64 rows one wgmma a k16
+ * step, mode = wgmma's N).  A tile of more than 32 tokens: warp (wr, wt) = (warp & 1,
  * warp >> 1) takes rows 32 wr .. + 32 of the block's 64 (dual: wr picks
  * gate or up) and tokens 32 wt .. + 32, MT = 2.  A tile of 32 tokens or
  * fewer (about half of a prompt's expert tiles): the warps split the rows
