@@ -411,8 +411,11 @@ static void run_refused(const char *root)
  * the tensor cores, the other widths on the fp32 tile kernel; wgmma's N
  * of 16, 32, 48 and 64 tokens: 20, 40, 77 = 64 + 13 tokens), with
  * MLXCEL_CUDA_WGMMA=0 (the warp MMAs) and with MLXCEL_CUDA_MMA=0. */
-static void linears(void)
+static void linears(const char *gpu)
 {
+    /* a Hopper GPU (compute capability 9.0) runs this build's sm_90a code,
+     * so there the default must be wgmma, not a silent fallback */
+    const int hopper = strstr(gpu, "compute capability 9.0") != NULL;
     static const int bits[] = {2, 3, 4, 5, 6, 8}, gss[] = {32, 64, 128}, Ts[] = {1, 3, 20, 40, 77, 130};
     static const mx_dtype sdt[] = {MX_F16, MX_BF16, MX_F32};
     enum { NT = sizeof Ts / sizeof Ts[0], TMAX = 130 };
@@ -446,6 +449,11 @@ static void linears(void)
                         setenv("MLXCEL_CUDA_WGMMA", mma == 2 ? "1" : "0", 1);
                         int rc = mx_cuda_linear(&l, X, T, got, &e);
                         CHECK_OK(rc, &e);
+                        if (mma == 2 && hopper && !mx_cuda_wgmma_active()) {
+                            bad++;
+                            fprintf(stderr, "linear %d-bit, %d tokens: a Hopper GPU but the tiles are not on wgmma\n",
+                                    bits[ib], T);
+                        }
                         const double d = max_abs_diff(ref, got, (size_t)(T * rows)) / (max_abs(ref, (size_t)(T * rows)) + 1e-30);
                         runs++;
                         if (rc || d > 1e-5) {
@@ -671,7 +679,7 @@ int main(void)
         return TEST_SKIP;
     }
     fprintf(stderr, "GPU: %s\n", info);
-    linears();
+    linears(info);
     wide_linears(20001);
     wide_linears(5001);
     const char *src = getenv("MLXCEL_SRC");

@@ -1109,6 +1109,8 @@ static long g_routed_launches;
 
 long mx_cuda_routed_launches(void) { return g_routed_launches; }
 
+int mx_cuda_wgmma_active(void) { return mxc_wgmma_active(); }
+
 /* The expert sum of the call's token t (routes P, W: [T][Kp]): both fused
  * phases over all slots, or (gather) one expert at a time; *dl says where
  * the sums of all T tokens are (each slot's row apart, or b->ffn).  With

@@ -37,6 +37,10 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
  * inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER; a captured graph
  * counts once), in this process; for tests. */
 long mx_cuda_routed_launches(void);
+/* 1 when the prompt tiles run on wgmma (the GPU runs this build's sm_90a
+ * code and MLXCEL_CUDA_WGMMA was not 0 when the last model or linear was
+ * set up), else 0; for tests. */
+int mx_cuda_wgmma_active(void);
 /* The GPU's copy bandwidth in GB/s (bytes read + written, median of reps
  * device-to-device copies of `bytes`), or < 0 when there is none. */
 double mx_cuda_membw_probe(size_t bytes, int reps);

@@ -189,6 +189,7 @@ void mxc_set_idot(int on);
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
  * code (probed once; MLXCEL_CUDA_WGMMA=0: the warp MMAs). */
 void mxc_set_wgmma(int on);
+int mxc_wgmma_active(void);
 
 /* After the q, k, v projections of T tokens: each q head clipped, normed
  * and rotated into qr [T][nh][hd]; each kv head's k (the same) and v

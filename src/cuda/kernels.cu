@@ -1565,6 +1565,8 @@ extern "C" void mxc_set_wgmma(int on)
 
 static bool use_wgmma(void) { return g_wgmma != 0; }
 
+extern "C" int mxc_wgmma_active(void) { return g_wgmma != 0; }
+
 static int sm_count(void);
 
 /* Y[t][r] = sum over splits of the partials (in split order) + bias. */
