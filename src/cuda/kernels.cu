@@ -1405,8 +1405,6 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
         else
             asm volatile("cp.async.commit_group;" ::: "memory");
         const unsigned char *base = sgen + buf * STAGE;
-        const __half *Xs = (const __half *)base;
-        (void)Xs;
         const float *Ss = (const float *)(base + XB);
         const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
         const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
@@ -1470,6 +1468,7 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
             wg_hold(acc);
             wg_hold(af[0]);
         } else {
+            const __half *Xs = (const __half *)base;
             for (int cc = 0; cc < kc; cc++) {
                 const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
                 const __half *Xp = Xs + (tb + (lane & 7)) * MM_XP + cc * 32 + (lane >> 3) * 8;
