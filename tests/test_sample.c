@@ -81,6 +81,42 @@ static void test_argmax_greedy(void)
     mx_sampler_free(s);
 }
 
+/* mx_argmax against its definition (the first index of a strictly larger
+ * value, scanning up) on arrays full of ties, NaNs, infinities and signed
+ * zeros, of every length around the blocks it scans. */
+static int32_t argmax_def(const float *x, int32_t n)
+{
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+static void test_argmax_edges(void)
+{
+    enum { N = 1600 };
+    static float x[N];
+    unsigned long long r = 11;
+    int bad = 0;
+    for (int it = 0; it < 6000; it++) {
+        const int32_t n = 1 + it % N;
+        for (int32_t i = 0; i < n; i++) {
+            const int v = (int)((test_randf(&r) + 1.0f) * 4.0f);   /* 0 .. 7 */
+            const float w = (float)(int)((test_randf(&r) + 1.0f) * 2.5f);   /* 0 .. 4: ties */
+            x[i] = v == 0 ? NAN : v == 1 ? -INFINITY : v == 2 ? -0.0f : v == 3 ? 0.0f
+                 : v == 4 && it % 7 == 0 ? INFINITY : w;
+        }
+        if (it % 5 == 0)   /* all one value, or a NaN first */
+            for (int32_t i = 0; i < n; i++)
+                x[i] = it % 10 == 0 ? -INFINITY : x[0];
+        if (mx_argmax(x, n) != argmax_def(x, n))
+            bad++;
+    }
+    CHECK(bad == 0);
+    CHECK(mx_argmax(x, 0) == 0);
+}
+
 static void test_determinism(void)
 {
     mx_sample_params sp = params(1.0f, 0, 1.0f, 0.0f);
@@ -566,6 +602,7 @@ int main(void)
 {
     test_defaults();
     test_argmax_greedy();
+    test_argmax_edges();
     test_determinism();
     test_filters_by_hand();
     test_penalty();

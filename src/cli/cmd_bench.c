@@ -19,6 +19,7 @@
 #include "dist/dist.h"
 #include "model/model.h"
 #include "moe/moe.h"
+#include "sample/sample.h"
 #include "util/membw.h"
 #include "util/parallel.h"
 #include "util/sysinfo.h"
@@ -74,14 +75,6 @@ static double med(const series *s)
 static double mn(const series *s) { double m = s->n ? s->v[0] : 0; for (int i = 1; i < s->n; i++) if (s->v[i] < m) m = s->v[i]; return m; }
 static double mxv(const series *s) { double m = s->n ? s->v[0] : 0; for (int i = 1; i < s->n; i++) if (s->v[i] > m) m = s->v[i]; return m; }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
 
 /* Expert parallelism (mpirun -np N, docs/distributed.md): each rank's
  * statistics summed over the timed decode runs. */
@@ -175,7 +168,7 @@ static int decode_run(mx_model *m, mx_seq *s, const int32_t *prompt, int pos, in
         int rc = mx_forward(m, s, &id, 1, logits, NULL, e);
         if (rc)
             return rc;
-        id = argmax(logits, m->vocab);
+        id = mx_argmax(logits, m->vocab);
     }
     *tok_s = n / (mx_now() - t0);
     return MX_OK;
@@ -215,7 +208,7 @@ static int batch_runs(mx_model *m, int nb, int np, int ng, int reps, series *agg
         for (int j = 0; j < steps && !rc; j++) {
             rc = mx_forward_batch(m, seqs, ids, nb, logits, e);
             for (int i = 0; i < nb && !rc; i++)
-                ids[i] = argmax(logits + (size_t)i * V, m->vocab);
+                ids[i] = mx_argmax(logits + (size_t)i * V, m->vocab);
         }
         if (!rc && r > 0)
             push(agg, (double)nb * steps / (mx_now() - t0));
@@ -321,7 +314,7 @@ int cmd_bench(int argc, char **argv)
     if ((rc = mx_forward(m, s, prompt, (int)np, logits, NULL, &e)))
         goto fail;
     double ttft_first = mx_now() - tw;
-    int32_t first = argmax(logits, m->vocab);
+    int32_t first = mx_argmax(logits, m->vocab);
     double dummy;
     if ((rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e)))
         goto fail;
@@ -350,7 +343,7 @@ int cmd_bench(int argc, char **argv)
         if ((rc = mx_forward(m, s, prompt, (int)np, logits, NULL, &e)))
             goto fail;
         double tp = mx_now() - ta;
-        first = argmax(logits, m->vocab);
+        first = mx_argmax(logits, m->vocab);
         push(&ttft, mx_now() - ta);
         push(&pre, np / tp);
         if (!rss)
