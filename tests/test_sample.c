@@ -361,6 +361,51 @@ static void test_large_vocab(void)
     CHECK(mass - exp(minkept) / Z < 0.9 + 1e-6);   /* minimal prefix */
 }
 
+/* top-k over a large vocabulary (the heap fed block by block) against a
+ * brute-force ranking: logit descending, the lower id first on ties. */
+static int rank_cmp(const void *a, const void *b)
+{
+    const float *x = a, *y = b;   /* {logit, id} pairs */
+    if (x[0] != y[0])
+        return x[0] > y[0] ? -1 : 1;
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+static int id_order(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_topk_large(void)
+{
+    enum { V = 20000, K = 40 };
+    static float x[V], pairs[V][2];
+    static int32_t ids[V], want[K];
+    unsigned long long r = 17;
+    int bad = 0;
+    for (int it = 0; it < 12; it++) {
+        for (int i = 0; i < V; i++) {
+            /* coarse values (many ties); rising, falling or flat runs */
+            float v = (float)(int)((test_randf(&r) + 1.0f) * (it % 3 == 0 ? 3.0f : 200.0f));
+            v += it % 3 == 1 ? (float)i * 0.01f : it % 3 == 2 ? -(float)i * 0.01f : 0.0f;
+            x[i] = pairs[i][0] = v * 0.05f;
+            pairs[i][1] = (float)i;
+        }
+        qsort(pairs, V, sizeof pairs[0], rank_cmp);
+        for (int i = 0; i < K; i++)
+            want[i] = (int32_t)pairs[i][1];
+        qsort(want, K, sizeof want[0], id_order);
+        mx_sample_params sp = params(1.0f, K, 1.0f, 0.0f);
+        mx_sampler *s = mx_sampler_new(&sp, V);
+        const size_t n = mx_sampler_candidates(s, x, NULL, 0, ids);
+        mx_sampler_free(s);
+        if (n != K || memcmp(ids, want, sizeof want) != 0)
+            bad++;
+    }
+    CHECK(bad == 0);
+}
+
 /* ---- stop strings ---- */
 
 typedef struct {
@@ -603,6 +648,7 @@ int main(void)
     test_defaults();
     test_argmax_greedy();
     test_argmax_edges();
+    test_topk_large();
     test_determinism();
     test_filters_by_hand();
     test_penalty();

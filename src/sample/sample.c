@@ -160,34 +160,44 @@ void mx_sampler_accept(mx_sampler *s, int32_t id)
  * or -1 when the filter left no token. */
 static int adjust(mx_sampler *s, float *logits, const int32_t *hist, size_t nhist);
 
+/* The largest of x[0 .. n) (n >= 1), NaNs skipped (-INFINITY if all are
+ * NaN).  Eight running maxima: independent chains the compiler packs
+ * into max instructions (`x > m ? x : m` is exactly what they compute,
+ * NaN included). */
+static float block_max(const float *x, size_t n)
+{
+    float l[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            l[k] = x[i + k] > l[k] ? x[i + k] : l[k];
+    for (; i < n; i++)
+        l[0] = x[i] > l[0] ? x[i] : l[0];
+    float m = l[0];
+    for (int k = 1; k < 8; k++)
+        m = l[k] > m ? l[k] : m;
+    return m;
+}
+
+/* Values a scan looks at at once: only a block whose maximum can change
+ * the answer is read value by value. */
+#define SCAN_BLOCK 512
+
 /* The first index of the largest value (strict >: lowest id wins ties;
- * NaNs never win, a NaN at 0 stays).  Block by block: each block's
- * maximum in a loop the compiler turns into packed max instructions
- * (`x > m ? x : m` is exactly what they compute, NaN included), and only
- * a block whose maximum beats the best so far is searched for its first
- * occurrence.  The plain loop compared with logits[best] reloaded at every
- * step and ran at about 4.6 ns a value: 0.7 ms for a 152k vocabulary, a
- * quarter of a GPU decode step (docs/cuda.md); this takes about 10 us. */
+ * NaNs never win, a NaN at 0 stays), block by block: only a block whose
+ * maximum beats the best so far is searched for its first occurrence.
+ * The plain loop compared with logits[best] reloaded at every step and
+ * ran at about 4.6 ns a value: 0.7 ms for a 152k vocabulary, a quarter of
+ * a GPU decode step (docs/cuda.md); this takes about 10 us. */
 int32_t mx_argmax(const float *logits, int32_t n)
 {
-    enum { BLOCK = 512 };
     int32_t best = 0;
     float bv = n > 0 ? logits[0] : 0.0f;
-    for (int32_t i0 = 1; i0 < n; i0 += BLOCK) {
-        const int32_t end = n - i0 > BLOCK ? i0 + BLOCK : n;
-        /* eight running maxima: independent chains the compiler packs */
-        float l[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        int32_t i = i0;
-        for (; i + 8 <= end; i += 8)
-            for (int k = 0; k < 8; k++)
-                l[k] = logits[i + k] > l[k] ? logits[i + k] : l[k];
-        for (; i < end; i++)
-            l[0] = logits[i] > l[0] ? logits[i] : l[0];
-        float m = l[0];
-        for (int k = 1; k < 8; k++)
-            m = l[k] > m ? l[k] : m;
+    for (int32_t i0 = 1; i0 < n; i0 += SCAN_BLOCK) {
+        const int32_t end = n - i0 > SCAN_BLOCK ? i0 + SCAN_BLOCK : n;
+        const float m = block_max(logits + i0, (size_t)(end - i0));
         if (m > bv) {   /* the block holds a new best: its first occurrence */
-            i = i0;
+            int32_t i = i0;
             while (!(logits[i] == m))
                 i++;
             best = i;
@@ -268,11 +278,19 @@ static size_t select_top(mx_sampler *s, const float *logits, size_t k)
         c[i] = (cand){logits[i], (int32_t)i};
     for (size_t i = k / 2; i-- > 0;)
         heap_down(c, k, i);
-    for (size_t i = k; i < n; i++) {
-        cand x = {logits[i], (int32_t)i};
-        if (cand_worse(&c[0], &x)) {
-            c[0] = x;
-            heap_down(c, k, 0);
+    /* a block enters the heap only where its largest value beats the
+     * worst kept (ties go to the lower id, already kept): most blocks of a
+     * large vocabulary are passed over at memory speed */
+    for (size_t i0 = k; i0 < n; i0 += SCAN_BLOCK) {
+        const size_t end = n - i0 > SCAN_BLOCK ? i0 + SCAN_BLOCK : n;
+        if (!(block_max(logits + i0, end - i0) > c[0].logit))
+            continue;
+        for (size_t i = i0; i < end; i++) {
+            cand x = {logits[i], (int32_t)i};
+            if (cand_worse(&c[0], &x)) {
+                c[0] = x;
+                heap_down(c, k, 0);
+            }
         }
     }
     qsort(c, k, sizeof *c, cand_cmp);
