@@ -77,6 +77,11 @@ check '[ $? -eq 2 ]'
 check '[ $? -eq 2 ]'
 "$BIN" bench -m "$TMP/missing" >/dev/null 2>"$TMP/e4"
 check '[ $? -eq 1 ] && grep -q "missing" "$TMP/e4"'
+"$BIN" bench -m "$M" -p 8 -n 4 -c 11 >/dev/null 2>"$TMP/e5"   # below 8 + 4 + 2
+check '[ $? -eq 2 ] && grep -q "ctx-size 11 is below" "$TMP/e5"'
+# a larger context than the run needs: the header says so, the run works
+"$BIN" bench -m "$M" -p 8 -n 4 -r 1 -c 300 --bw-mb 0 >"$TMP/ctx" 2>"$TMP/ctx.err"
+check '[ $? -eq 0 ] && grep -q "context 300" "$TMP/ctx.err" && grep -q "^decode" "$TMP/ctx"'
 "$BIN" bench --help >"$TMP/help"
 check '[ $? -eq 0 ] && grep -q -- "--compare-fused" "$TMP/help"'
 

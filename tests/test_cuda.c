@@ -539,7 +539,7 @@ static void wide_linears(int64_t rows)
 /* The checkpoint in dir (named name in messages) on the GPU against the
  * CPU: an n-token random prompt's logits at every position, then `steps`
  * greedy steps, within 1e-3 and the same ids. */
-static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int window)
+static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int window, int ctx)
 {
     mx_err e = {0};
     mx_model *cpu = NULL, *gpu = NULL;
@@ -557,8 +557,11 @@ static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int 
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     float *a = malloc(sizeof(float) * (size_t)n * V), *b = malloc(sizeof(float) * (size_t)n * V);
     mx_seq *sc = NULL, *sg = NULL;
-    CHECK_OK(mx_seq_new(cpu, n + steps + 1, &sc, &e), &e);
-    CHECK_OK(mx_seq_new(gpu, n + steps + 1, &sg, &e), &e);
+    /* ctx > 0: a context larger than the run (a captured step's attention
+     * holds splits for all of it, most of them empty) */
+    const int nctx = ctx > n + steps + 1 ? ctx : n + steps + 1;
+    CHECK_OK(mx_seq_new(cpu, nctx, &sc, &e), &e);
+    CHECK_OK(mx_seq_new(gpu, nctx, &sg, &e), &e);
     unsigned long long seed = 0x1234567ull + (unsigned long long)n;
     for (int i = 0; i < n; i++)
         ids[i] = (int32_t)(test_rand_u64(&seed) % (unsigned long long)V);
@@ -580,8 +583,8 @@ static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int 
     }
     CHECKF(worst < 1e-3, "%s: decode logits after %d prompt tokens differ by %g", name, n, worst);
     CHECKF(same, "%s: greedy ids differ between CPU and GPU after %d prompt tokens", name, n);
-    fprintf(stderr, "%s prompt %d, window %d: GPU vs CPU prompt logits %.2g, decode %.2g\n", name, n, window, d,
-            worst);
+    fprintf(stderr, "%s prompt %d, window %d, context %d: GPU vs CPU prompt logits %.2g, decode %.2g\n", name, n,
+            window, nctx, d, worst);
     mx_seq_free(sc);
     mx_seq_free(sg);
     free(ids), free(a), free(b);
@@ -686,10 +689,19 @@ int main(void)
     if (src) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/models/kjv-moe", src);
-        gpu_vs_cpu(dir, "kjv-moe", 1, 8, 0);
-        gpu_vs_cpu(dir, "kjv-moe", 5, 8, 0);
-        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0);
-        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100);
+        gpu_vs_cpu(dir, "kjv-moe", 1, 8, 0, 0);
+        gpu_vs_cpu(dir, "kjv-moe", 5, 8, 0, 0);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 0);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100, 0);
+        /* a context of 2048 (32 splits of 64, 10 of them holding
+         * positions): blocks for all of them, and 3 blocks a head, each
+         * looping over its share of the splits (with a window too, so
+         * that the first ones are empty) */
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);
+        setenv("MLXCEL_CUDA_ATT_BLOCKS", "3", 1);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100, 2048);
+        unsetenv("MLXCEL_CUDA_ATT_BLOCKS");
         kjv_batch(dir);
         kjv_router(dir);
     } else {
@@ -701,8 +713,8 @@ int main(void)
     if (more && *more) {
         char *list = strdup(more);
         for (char *sv = NULL, *d = strtok_r(list, ",", &sv); d; d = strtok_r(NULL, ",", &sv)) {
-            gpu_vs_cpu(d, d, 40, 8, 0);
-            gpu_vs_cpu(d, d, 300, 4, 0);
+            gpu_vs_cpu(d, d, 40, 8, 0, 0);
+            gpu_vs_cpu(d, d, 300, 4, 0, 0);
         }
         free(list);
     }

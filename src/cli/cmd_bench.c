@@ -27,12 +27,15 @@
 
 static void help(FILE *f)
 {
-    fprintf(f, "usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [--batch N] [--compare-fused] [--json] [-t N]\n\n"
+    fprintf(f, "usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [-c N] [--batch N] [--compare-fused] [--json] [-t N]\n\n"
                "Measures prefill of an N-token prompt and decode of N tokens (greedy, random prompt ids),\n"
                "after a warm-up that is not counted; reports min/median/max over the repeats.\n\n"
                "  -p, --prompt N      prompt tokens (default 128)\n"
                "  -n, --gen N         decoded tokens per repeat (default 64)\n"
                "  -r, --repeats N     repeats (default 3)\n"
+               "  -c, --ctx-size N    context each sequence is made for (default: the prompt + the\n"
+               "                      decode + 2; generate and chat make min(model max, 4096)), so\n"
+               "                      that what a large context costs a decode step shows\n"
                "  -t, --threads N     worker threads (default: MLXCEL_THREADS or all CPUs)\n"
            "      --precision P   exact (default) or fast (one int8 level of x per group)\n"
            "      --repack MODE   off (default), auto, rebuild or mem: repacked weights (docs/cache.md)\n"
@@ -178,7 +181,7 @@ static int decode_run(mx_model *m, mx_seq *s, const int32_t *prompt, int pos, in
  * tokens (fed once, not timed), decode ng greedy steps together through
  * mx_forward_batch, once per repeat from the prompts' end; *agg gets each
  * repeat's aggregate tok/s (nb x ng / time). */
-static int batch_runs(mx_model *m, int nb, int np, int ng, int reps, series *agg, mx_err *e)
+static int batch_runs(mx_model *m, int nb, int np, int ng, int nctx, int reps, series *agg, mx_err *e)
 {
     const size_t V = (size_t)m->vocab;
     mx_seq **seqs = calloc((size_t)nb, sizeof *seqs);
@@ -194,7 +197,7 @@ static int batch_runs(mx_model *m, int nb, int np, int ng, int reps, series *agg
         prompts[i] = (int32_t)(seed % (uint64_t)V);
     }
     for (int i = 0; i < nb && !rc; i++)
-        if (!(rc = mx_seq_new(m, np + ng + 2, &seqs[i], e)))
+        if (!(rc = mx_seq_new(m, nctx, &seqs[i], e)))
             rc = mx_forward(m, seqs[i], prompts + (size_t)i * (size_t)np, np, logits, NULL, e);
     /* repeat 0 is the warm-up (scratch grown, kernels loaded), not counted */
     for (int r = 0; r <= reps && !rc; r++) {
@@ -234,7 +237,7 @@ static void line(const char *what, const series *s)
 int cmd_bench(int argc, char **argv)
 {
     const char *dir = NULL;
-    long np = 128, ng = 64, reps = 3, bw_mb = 1024, nbatch = 1, v;
+    long np = 128, ng = 64, reps = 3, bw_mb = 1024, nbatch = 1, nctx = 0, v;
     int compare = 0, json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *s;
@@ -249,6 +252,9 @@ int cmd_bench(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--gen")) {
             if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 1 << 20, &ng))
+                return 2;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 1 << 24, &nctx))
                 return 2;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--repeats")) {
             if (!(s = arg_value(argc, argv, &i)) || arg_long(a, s, 1, 64, &reps))
@@ -285,6 +291,13 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "mlxcel bench: -m DIR is required (see --help)\n");
         return 2;
     }
+    if (nctx == 0) {
+        nctx = np + ng + 2;
+    } else if (nctx < np + ng + 2) {
+        fprintf(stderr, "mlxcel bench: --ctx-size %ld is below the prompt + the decode + 2 = %ld tokens\n", nctx,
+                np + ng + 2);
+        return 2;
+    }
 
     mx_err e = {0};
     mx_model *m = NULL;
@@ -298,7 +311,7 @@ int cmd_bench(int argc, char **argv)
     int32_t *prompt = malloc(sizeof *prompt * (size_t)np);
     float *logits = malloc(sizeof(float) * (size_t)m->vocab);
     mx_seq *s = NULL;
-    int rc = mx_seq_new(m, (int)(np + ng + 2), &s, &e);
+    int rc = mx_seq_new(m, (int)nctx, &s, &e);
     if (rc || !prompt || !logits)
         goto fail;
     uint64_t seed = 0x9e3779b97f4a7c15ull;
@@ -307,8 +320,8 @@ int cmd_bench(int argc, char **argv)
         prompt[i] = (int32_t)(seed % (uint64_t)m->vocab);
     }
 
-    fprintf(stderr, "bench: %s, device %s, %d threads, kernel %s, prompt %ld, decode %ld, %ld repeats\n", dir,
-            mx_device_name(m), mx_threads(), mx_qkernels_active()->name, np, ng, reps);
+    fprintf(stderr, "bench: %s, device %s, %d threads, kernel %s, prompt %ld, decode %ld, context %ld, %ld repeats\n",
+            dir, mx_device_name(m), mx_threads(), mx_qkernels_active()->name, np, ng, nctx, reps);
     /* warm-up (not counted): page in the weights, grow the scratch buffers */
     double tw = mx_now();
     if ((rc = mx_forward(m, s, prompt, (int)np, logits, NULL, &e)))
@@ -392,7 +405,7 @@ int cmd_bench(int argc, char **argv)
         dec = fused;   /* the default path is the fused one */
     series bat = {0};
     if (nbatch > 1) {
-        if ((rc = batch_runs(m, (int)nbatch, (int)np, (int)ng, (int)reps, &bat, &e)))
+        if ((rc = batch_runs(m, (int)nbatch, (int)np, (int)ng, (int)nctx, (int)reps, &bat, &e)))
             goto fail;
         fprintf(stderr, "bench: batch of %ld done\n", nbatch);
     }

@@ -152,6 +152,7 @@ typedef struct cu_ctx {
      * mm, [mm_rows][mm_ld] */
     int mma_on;
     int att_tile;                /* MLXCEL_CUDA_ATT_TILE: prompt attention in query tiles */
+    int att_blocks;              /* MLXCEL_CUDA_ATT_BLOCKS: one token's attention, blocks a head (0: about two an SM) */
     mxc_mmx mm;
     int64_t mm_rows;
 } cu_ctx;
@@ -950,6 +951,7 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
         at.part = sq->part;
         at.cnt = c->att_cnt;
         at.fuse = c->fuse_on;
+        at.max_z = c->att_blocks;
         at.qkv = p;
         at.span = MXC_ATT_SPAN_DECODE;
         at.n_split = k->graph ? sq->n_split : (last_pos + at.span) / at.span;
@@ -1874,6 +1876,11 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
+    {
+        const char *v = getenv("MLXCEL_CUDA_ATT_BLOCKS");
+        c->att_blocks = v ? atoi(v) : 0;
+        c->att_blocks = c->att_blocks < 0 ? 0 : c->att_blocks;
+    }
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);

@@ -228,6 +228,7 @@ typedef struct mxc_att {
     int n_split, span;
     float *out;
     int *cnt;                    /* T = 1: [nh] zeroed ints; the last split of a head combines (no second launch) */
+    int max_z;                   /* with cnt: at most this many blocks a head, each looping over splits (0: about two blocks an SM in all) */
     int fuse;                    /* T = 1: the blocks do qkv's work themselves (no mxc_qkv_post launch) */
     int tile;                    /* T > 1: query tiles over key tiles (one launch, part unused) */
     mxc_qkv qkv;

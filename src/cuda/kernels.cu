@@ -2312,13 +2312,13 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
 /* With a.cnt (one token): the last split block of head h to finish
  * combines the head's partials (what k_att_combine does), so decode needs
  * no second launch. */
-__device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t)
+__device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int s0, int s1, int nblk)
 {
     __shared__ int last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
-        last = atomicAdd(a.cnt + h, 1) == a.n_split - 1;
+        last = atomicAdd(a.cnt + h, 1) == nblk - 1;
     __syncthreads();
     if (!last)
         return;
@@ -2326,11 +2326,11 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t)
     const int hd = a.hd;
     const float *base = a.part + ((int64_t)t * a.nh + h) * a.n_split * (hd + 2);
     float M = -INFINITY;
-    for (int s = 0; s < a.n_split; s++)
+    for (int s = s0; s <= s1; s++)
         M = fmaxf(M, __ldcg(base + s * (hd + 2) + hd));
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float L = 0.0f, o = 0.0f;
-        for (int s = 0; s < a.n_split; s++) {
+        for (int s = s0; s <= s1; s++) {
             const float *ps = base + s * (hd + 2);
             const float m = __ldcg(ps + hd);
             if (m == -INFINITY)
@@ -2356,6 +2356,36 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
     const int span = a.span;
     const int pos = a.pos[t];
     const int start = a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    if (a.cnt) {
+        /* one token, a grid of fewer blocks than splits: a captured step
+         * holds splits for its whole context (graphs replay at any
+         * position), and blocks for all of them cost more than their work
+         * at a short one (8192 blocks a layer at a context of 32k).  Block
+         * z takes the splits z, z + Z, ... of those that hold positions,
+         * [s0, s1]; a block with none leaves at once, and the last of the
+         * others to finish combines. */
+        const int s0 = start / span, s1 = pos / span, Z = (int)gridDim.z;
+        const int first = s0 + ((sp - s0) % Z + Z) % Z;
+        if (first > s1)
+            return;
+        __shared__ float hv[MXC_HD_MAX];
+        if constexpr (FUSE)   /* the q head, and at pos's split the kv head (as below) */
+            qkv_head(a.qkv, t, h, hv, (float *)qs);
+        for (int sj = first; sj <= s1; sj += Z) {
+            if constexpr (FUSE) {
+                if (pos >= sj * span && pos < sj * span + span) {
+                    __syncthreads();
+                    qkv_head(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr);
+                }
+            }
+            float *pj = a.part + (((int64_t)t * a.nh + h) * a.n_split + sj) * (hd + 2);
+            attend_split(a, h, t, max(sj * span, start), min(pos, sj * span + span - 1), pj, qs, sc, red);
+            __syncthreads();   /* sc and red are the next split's */
+        }
+        pdl_trigger();
+        combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
+        return;
+    }
     const int lo = max(sp * span, start), hi = min(pos, sp * span + span - 1);
     float *part = a.part + (((int64_t)t * a.nh + h) * a.n_split + sp) * (hd + 2);
     if (lo > hi) {
@@ -2379,8 +2409,6 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         attend_split(a, h, t, lo, hi, part, qs, sc, red);
     }
     pdl_trigger();
-    if (a.cnt)
-        combine_last(a, h, t);
 }
 
 __global__ void k_att_combine(mxc_att a)
@@ -2568,7 +2596,14 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
 {
     if (a->tile && a->T > 1 && !a->cnt && a->hd % 4 == 0 && a->hd <= 256)
         return attend_tiles(st, a);
-    dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)a->n_split);
+    /* one token (a->cnt): about two blocks an SM, each looping over its
+     * share of the splits (k_attend) */
+    int nz = a->n_split;
+    if (a->cnt) {
+        const int want = a->max_z > 0 ? a->max_z : 2 * sm_count() / (a->nh * a->T);
+        nz = min(nz, max(1, want));
+    }
+    dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)nz);
     const int rc = a->fuse ? launch_k(k_attend<true>, grid, 256, 0, st, 1, *a)
                            : launch_k(k_attend<false>, grid, 256, 0, st, 1, *a);
     if (rc || a->cnt)
