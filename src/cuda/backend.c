@@ -118,6 +118,11 @@ typedef struct cu_ctx {
     mx_model *m;
     char name[160];
     cudaStream_t st;
+    /* a prompt's MoE layers: the routes come back on st_routes (waiting for
+     * ev_routes) while st runs the extra MLPs' gate/up (moe_many) */
+    cudaStream_t st_routes;
+    cudaEvent_t ev_routes, ev_extras, ev_lists;   /* routes made (st); extras' lists, all lists up (st_routes) */
+    int stage_flip;              /* which half of h_lists / h_items a layer fills */
     unsigned char *blob;         /* every tensor of the checkpoint */
     cu_range *ranges;            /* sorted by host address */
     size_t n_ranges;
@@ -145,7 +150,7 @@ typedef struct cu_ctx {
     float *h_logits;             /* pinned [vocab] */
     /* host scratch of the prompt path */
     float *h_rl, *h_glog, *h_W;
-    int *h_P, *h_lists, *h_cnt;
+    int *h_P, *h_lists, *h_cnt;  /* h_P, h_lists, h_items: pinned (copied asynchronously) */
     mxc_item *h_items;
     int h_cap;
     /* the tensor-core tiles (MLXCEL_CUDA_MMA, on by default): X split into
@@ -611,6 +616,14 @@ static cudaError_t dalloc(void *pp, size_t bytes)
 }
 
 /* Sizes b for T tokens (reallocating only to grow). */
+/* Items (tiles of one expert's pairs) a prompt of T tokens can have, for
+ * each of the gate/up and down lists: a half of b->items holds gate/up at
+ * [0, cap), down at [cap, 2 cap). */
+static int64_t item_cap(const cu_ctx *c, int T)
+{
+    return (int64_t)T * (c->Kp_max ? c->Kp_max : 1) + (c->E_max ? c->E_max : 1) + MX_MOE_MAX_EXTRA + 1;
+}
+
 static int buf_reserve(cu_ctx *c, cu_buf *b, int T, mx_err *e)
 {
     if (b->cap >= T)
@@ -636,9 +649,11 @@ static int buf_reserve(cu_ctx *c, cu_buf *b, int T, mx_err *e)
     CK(dalloc(&b->H, t * Kp * (size_t)c->ff_max * f));
     CK(dalloc(&b->Y, t * Kp * d * f));
     CK(dalloc(&b->logits, (size_t)m->vocab * f));
-    CK(dalloc(&b->tok_list, t * Kp * sizeof(int)));
-    CK(dalloc(&b->pair_list, t * Kp * sizeof(int)));
-    CK(dalloc(&b->items, (t * Kp + (size_t)c->E_max + MX_MOE_MAX_EXTRA + 1) * 2 * sizeof(mxc_item)));
+    /* two halves of the lists and items (moe_many: a layer's copies may
+     * land while the layer before still reads the other half) */
+    CK(dalloc(&b->tok_list, 2 * t * Kp * sizeof(int)));
+    CK(dalloc(&b->pair_list, 2 * t * Kp * sizeof(int)));
+    CK(dalloc(&b->items, 2 * (size_t)item_cap(c, T) * 2 * sizeof(mxc_item)));
     CK(dalloc(&b->tok, t * sizeof(int32_t)));
     CK(dalloc(&b->pos, t * sizeof(int)));
     CK(dalloc(&b->xn2, t * d * f));
@@ -665,23 +680,36 @@ static int part_reserve(cu_buf *b, size_t floats, mx_err *e)
 }
 
 /* Host scratch of the prompt path for T tokens. */
+static void host_free(cu_ctx *c)
+{
+    free(c->h_rl), free(c->h_glog), free(c->h_W), free(c->h_cnt);
+    cudaFreeHost(c->h_P), cudaFreeHost(c->h_lists), cudaFreeHost(c->h_items);
+    c->h_rl = c->h_glog = c->h_W = NULL;
+    c->h_cnt = c->h_P = c->h_lists = NULL;
+    c->h_items = NULL;
+}
+
 static int host_reserve(cu_ctx *c, int T, mx_err *e)
 {
     if (c->h_cap >= T)
         return MX_OK;
     const size_t t = (size_t)T, Kp = (size_t)(c->Kp_max ? c->Kp_max : 1), E = (size_t)(c->E_max ? c->E_max : 1);
-    free(c->h_rl), free(c->h_glog), free(c->h_W), free(c->h_P), free(c->h_lists), free(c->h_cnt),
-        free(c->h_items);
+    cudaStreamSynchronize(c->st);   /* no copy may still read the old pinned buffers */
+    cudaStreamSynchronize(c->st_routes);
+    host_free(c);
     c->h_rl = malloc(t * E * sizeof(float));
     c->h_glog = malloc(t * sizeof(float));
     c->h_W = malloc(t * Kp * sizeof(float));
-    c->h_P = malloc(t * Kp * sizeof(int));
-    c->h_lists = malloc(2 * t * Kp * sizeof(int));
     c->h_cnt = malloc((E + MX_MOE_MAX_EXTRA + 2) * sizeof(int));
-    c->h_items = malloc((t * Kp + E + MX_MOE_MAX_EXTRA + 1) * 2 * sizeof(mxc_item));
-    if (!c->h_rl || !c->h_glog || !c->h_W || !c->h_P || !c->h_lists || !c->h_cnt || !c->h_items) {
+    /* two halves of the lists and items: a layer fills one while the
+     * previous layer's copies may still read the other */
+    if (!c->h_rl || !c->h_glog || !c->h_W || !c->h_cnt ||
+        cudaMallocHost((void **)&c->h_P, t * Kp * sizeof(int)) != cudaSuccess ||
+        cudaMallocHost((void **)&c->h_lists, 2 * 2 * t * Kp * sizeof(int)) != cudaSuccess ||
+        cudaMallocHost((void **)&c->h_items, 2 * (size_t)item_cap(c, T) * 2 * sizeof(mxc_item)) != cudaSuccess) {
+        host_free(c);
         c->h_cap = 0;
-        return mx_fail(e, MX_ENOMEM, "out of memory");
+        return mx_fail(e, MX_ENOMEM, "out of memory (the prompt's routing buffers for %d tokens)", T);
     }
     c->h_cap = T;
     return MX_OK;
@@ -1231,6 +1259,40 @@ static int batch_moe_max(void)
 /* T tokens' expert sums: (token, slot) pairs grouped by slot kind, tiles
  * of up to 32 pairs of one kind through gate/up and down, then each
  * token's weighted sum. */
+/* Copies n bytes of pinned host memory to the device in stream order,
+ * without waiting (the host half is not written again before a later
+ * layer's wait has seen the copy done: moe_many). */
+static cudaError_t h2d_async(cudaStream_t st, void *dst, const void *src, size_t n)
+{
+    return n ? cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st) : cudaSuccess;
+}
+
+/* Appends the items (tiles of at most `tile` pairs) of kinds [x0, x1),
+ * whose pairs end at cnt[x] in the sorted lists (kind x0's start at
+ * `start`), to gu / dn from index n; returns the new count. */
+static int add_items(const cu_layer *cl, const int *cnt, int x0, int x1, int start, int tile, mxc_item *gu,
+                     mxc_item *dn, int n)
+{
+    for (int x = x0; x < x1; x++) {
+        for (int o = start; o < cnt[x]; o += tile) {
+            const int m = cnt[x] - o < tile ? cnt[x] - o : tile, base = cl->table + 3 * x;
+            gu[n] = (mxc_item){base, base + 1, o, m};
+            dn[n] = (mxc_item){base + 2, base + 2, o, m};
+            n++;
+        }
+        start = cnt[x];
+    }
+    return n;
+}
+
+/* The experts of T > 1 tokens: the (token, slot) pairs sorted by kind
+ * (expert, then the extra MLPs), tiles of one kind's pairs for gate/up and
+ * down, then the weighted sum.  The pairs of the extra MLPs (a shared
+ * expert) are known before the routes are: every token's slots k .. Kp - 1,
+ * after all routed pairs in the sorted lists.  So, with the routes made on
+ * the GPU, their gate/up is launched first, and the routes come back on a
+ * stream of their own while it runs: the host's round trip (the copy
+ * back, the sort, the lists up) no longer leaves the GPU idle. */
 static int moe_many(call *k, int l, mx_err *e)
 {
     cu_ctx *c = k->c;
@@ -1240,62 +1302,119 @@ static int moe_many(call *k, int l, mx_err *e)
     int rc = host_reserve(c, T, e);
     if (rc)
         return rc;
+    const int64_t IC = item_cap(c, T);   /* a half of items: gate/up at [0, IC), down at [IC, 2 IC) */
+    /* the halves (host and device) this layer fills: the layer before may
+     * still read the others; the one before that is done with these (its
+     * copies and kernels came before this layer's routes, which the last
+     * layer's wait on st_routes saw) */
+    const int half = c->stage_flip;
+    c->stage_flip ^= 1;
+    int *tok_list = c->h_lists + (size_t)half * 2 * (size_t)npair, *pair_list = tok_list + npair;
+    mxc_item *gu = c->h_items + (size_t)half * 2 * (size_t)IC, *dn = gu + IC;
+    const size_t dpairs = (size_t)b->cap * (size_t)(c->Kp_max ? c->Kp_max : 1);
+    int *d_tok = b->tok_list + half * dpairs, *d_pair = b->pair_list + half * dpairs;
+    mxc_item *d_items = b->items + (size_t)half * 2 * (size_t)item_cap(c, b->cap);
+    cudaStream_t sr = c->st_routes;   /* every copy of the lists and routes, off the kernels' stream */
+    const int mm = c->mma_on && cl->s_bits, tile = mm ? MXC_MM_T : MXC_TILE_T;
+    const int d = c->m->d, nr = T * cl->k;   /* routed pairs: [0, nr) of the sorted lists */
+    int *cnt = c->h_cnt;
+    mxc_tile t1 = {.table = c->d_mats, .items = d_items, .max_rows = cl->ff_max, .in_list = d_tok,
+                   .out_list = d_pair, .X = b->xn, .ldx = d, .Y = b->H, .ldy = cl->ff_max, .dual = 1,
+                   .act = c->m->act == MX_ACT_GELU_TANH, .prep_rows = T, .prep_k = d};
+    const int64_t ld = cl->ff_max > d ? cl->ff_max : d;
+    int ne = 0;   /* the extra MLPs' items, first in b->items */
+    const int extras_first = cl->gpu_route && cl->n_extra > 0;
+    if (extras_first) {
+        /* kind E + j's pairs: slot k + j of every token, in token order */
+        for (int j = 0; j < cl->n_extra; j++) {
+            for (int t = 0; t < T; t++) {
+                tok_list[nr + j * T + t] = t;
+                pair_list[nr + j * T + t] = t * Kp + cl->k + j;
+            }
+            cnt[cl->E + j] = nr + (j + 1) * T;
+        }
+        ne = add_items(cl, cnt, cl->E, kinds, nr, tile, gu, dn, 0);
+        /* on st_routes, ahead of the routes: they run while the attention does */
+        CK(h2d_async(sr, d_tok + nr, tok_list + nr, sizeof(int) * (size_t)(npair - nr)));
+        CK(h2d_async(sr, d_pair + nr, pair_list + nr, sizeof(int) * (size_t)(npair - nr)));
+        CK(h2d_async(sr, d_items, gu, sizeof(mxc_item) * (size_t)ne));
+        CK(h2d_async(sr, d_items + IC, dn, sizeof(mxc_item) * (size_t)ne));
+        CK(cudaEventRecord(c->ev_extras, sr));
+    }
+    if (cl->gpu_route) {   /* the routes on their way back */
+        CK(cudaEventRecord(c->ev_routes, c->st));
+        CK(cudaStreamWaitEvent(sr, c->ev_routes, 0));
+        CK(cudaMemcpyAsync(c->h_P, b->P, sizeof(int) * (size_t)npair, cudaMemcpyDeviceToHost, sr));
+    }
+    if (extras_first) {
+        CK(cudaStreamWaitEvent(c->st, c->ev_extras, 0));
+        mxc_tile te = t1;
+        te.n_items = ne;
+        if (mm && mm_use(c, &te, cl->s_bits, cl->s_dt, npair > T ? npair : T, ld, e) < 0)
+            return e->code;
+        KL(mxc_tile_run(c->st, &te));   /* splits the T rows of X for the routed tiles too */
+    }
     if (cl->gpu_route)
-        CK(d2h(c->st, c->h_P, b->P, sizeof(int) * (size_t)npair));
-    /* counting sort of the pairs by kind */
-    int *cnt = c->h_cnt, *tok_list = c->h_lists, *pair_list = c->h_lists + npair;
-    memset(cnt, 0, sizeof(int) * (size_t)(kinds + 1));
-    for (int p = 0; p < npair; p++)
-        cnt[c->h_P[p] + 1]++;
-    for (int x = 0; x < kinds; x++)
-        cnt[x + 1] += cnt[x];
+        CK(cudaStreamSynchronize(sr));
+    /* counting sort of the pairs by kind (only the routed ones when the
+     * extras' are in place) */
+    const int sorted = extras_first ? nr : npair, x1 = extras_first ? cl->E : kinds;
+    memset(cnt, 0, sizeof(int) * (size_t)(x1 + 1));
     for (int p = 0; p < npair; p++) {
+        if (c->h_P[p] < 0 || c->h_P[p] >= kinds)   /* the routes of NaN logits, say */
+            return mx_fail(e, MX_EIO, "cuda: layer %d: token %d was routed to expert %d of %d", l, p / Kp,
+                           c->h_P[p], kinds);
+        if (c->h_P[p] < x1)
+            cnt[c->h_P[p] + 1]++;
+    }
+    for (int x = 0; x < x1; x++)
+        cnt[x + 1] += cnt[x];
+    if (cnt[x1] != sorted)   /* an extra slot routed elsewhere: the lists would overlap */
+        return mx_fail(e, MX_EIO, "cuda: layer %d: %d routed pairs, expected %d", l, cnt[x1], sorted);
+    for (int p = 0; p < npair; p++) {
+        if (c->h_P[p] >= x1)
+            continue;
         const int at = cnt[c->h_P[p]]++;
         tok_list[at] = p / Kp;
         pair_list[at] = p;
     }
-    /* cnt[x] is now the end of kind x's pairs; items of <= 32 pairs (64
-     * on the tensor cores) */
-    const int mm = c->mma_on && cl->s_bits, tile = mm ? MXC_MM_T : MXC_TILE_T;
-    mxc_item *gu = c->h_items, *dn = c->h_items + (npair + kinds + 1);
-    int n_items = 0, start = 0, n_routed = 0;
-    for (int x = 0; x < kinds; x++) {
-        if (x == cl->E)
-            n_routed = n_items;
-        for (int o = start; o < cnt[x]; o += tile) {
-            const int n = cnt[x] - o < tile ? cnt[x] - o : tile, base = cl->table + 3 * x;
-            gu[n_items] = (mxc_item){base, base + 1, o, n};
-            dn[n_items] = (mxc_item){base + 2, base + 2, o, n};
-            n_items++;
+    /* cnt[x] is now the end of kind x's pairs: the items of the sorted
+     * kinds after the extras' (items of <= 32 pairs, 64 on the tensor cores) */
+    const int n_items = add_items(cl, cnt, 0, x1, 0, tile, gu, dn, ne);
+    int n_routed = n_items;   /* without extras first: where the extras' items start */
+    for (int i = ne; i < n_items && !extras_first; i++)
+        if (gu[i].m0 >= cl->table + 3 * cl->E) {
+            n_routed = i;
+            break;
         }
-        start = cnt[x];
-    }
-    CK(h2d(c->st, b->tok_list, tok_list, sizeof(int) * (size_t)npair));
-    CK(h2d(c->st, b->pair_list, pair_list, sizeof(int) * (size_t)npair));
-    CK(h2d(c->st, b->items, gu, sizeof(mxc_item) * (size_t)n_items));
-    CK(h2d(c->st, b->items + n_items, dn, sizeof(mxc_item) * (size_t)n_items));
-    const int d = c->m->d;
-    mxc_tile t1 = {.table = c->d_mats, .items = b->items, .n_items = n_items, .max_rows = cl->ff_max,
-                   .in_list = b->tok_list, .out_list = b->pair_list, .X = b->xn, .ldx = d, .Y = b->H,
-                   .ldy = cl->ff_max, .dual = 1, .act = c->m->act == MX_ACT_GELU_TANH,
-                   .prep_rows = T, .prep_k = d};
-    mxc_tile t2 = {.table = c->d_mats, .items = b->items + n_items, .n_items = n_items, .max_rows = d,
-                   .in_list = b->pair_list, .out_list = b->pair_list, .X = b->H, .ldx = cl->ff_max,
+    CK(h2d_async(sr, d_tok, tok_list, sizeof(int) * (size_t)sorted));
+    CK(h2d_async(sr, d_pair, pair_list, sizeof(int) * (size_t)sorted));
+    CK(h2d_async(sr, d_items + ne, gu + ne, sizeof(mxc_item) * (size_t)(n_items - ne)));
+    CK(h2d_async(sr, d_items + IC + ne, dn + ne, sizeof(mxc_item) * (size_t)(n_items - ne)));
+    CK(cudaEventRecord(c->ev_lists, sr));
+    CK(cudaStreamWaitEvent(c->st, c->ev_lists, 0));
+    mxc_tile t2 = {.table = c->d_mats, .items = d_items + IC, .n_items = n_items, .max_rows = d,
+                   .in_list = d_pair, .out_list = d_pair, .X = b->H, .ldx = cl->ff_max,
                    .Y = b->Y, .ldy = d};
+    t1.items = d_items + ne;
+    t1.n_items = n_items - ne;
     if (mm) {   /* gate/up: the T token rows split once; down: each item's pair rows */
-        const int64_t ld = cl->ff_max > d ? cl->ff_max : d;
         if (mm_use(c, &t1, cl->s_bits, cl->s_dt, npair > T ? npair : T, ld, e) < 0 ||
             mm_use(c, &t2, cl->s_bits, cl->s_dt, npair > T ? npair : T, ld, e) < 0)
             return e->code;
     }
-    if (mm && cl->n_extra > 0 && n_routed > 0 && n_routed < n_items && cl->dff < cl->ff_max) {
+    if (extras_first) {
+        t1.max_rows = cl->dff;   /* the routed experts' rows (the extras' may be wider) */
+        t1.skip_prep = mm;       /* the extras' launch split the rows */
+        KL(mxc_tile_run(c->st, &t1));
+    } else if (mm && cl->n_extra > 0 && n_routed > 0 && n_routed < n_items && cl->dff < cl->ff_max) {
         /* the routed experts' gate/up apart from the wider extra MLPs (a
          * shared expert 4x wider): a grid as wide as the widest would
          * launch mostly blocks past the routed experts' rows */
         mxc_tile ta = t1, tb = t1;
         ta.n_items = n_routed;
         ta.max_rows = cl->dff;
-        tb.items = b->items + n_routed;
+        tb.items = d_items + n_routed;
         tb.n_items = n_items - n_routed;
         tb.skip_prep = 1;   /* the same rows of X, split by ta */
         KL(mxc_tile_run(c->st, &ta));
@@ -1775,13 +1894,20 @@ static void cu_free(void *ctx)
     cudaFreeHost(c->h_logits);
     if (c->st)
         cudaStreamDestroy(c->st);
+    if (c->st_routes)
+        cudaStreamDestroy(c->st_routes);
+    if (c->ev_routes)
+        cudaEventDestroy(c->ev_routes);
+    if (c->ev_extras)
+        cudaEventDestroy(c->ev_extras);
+    if (c->ev_lists)
+        cudaEventDestroy(c->ev_lists);
     free(c->ranges);
     free(c->mats);
     for (int l = 0; c->layers && l < c->m->n_layers; l++)
         free(c->layers[l].dense);
     free(c->layers);
-    free(c->h_rl), free(c->h_glog), free(c->h_W), free(c->h_P), free(c->h_lists), free(c->h_cnt),
-        free(c->h_items);
+    host_free(c);
     free(c);
 }
 
@@ -1888,6 +2014,14 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     cudaError_t ce = cudaSetDevice(0);
     if (ce == cudaSuccess)
         ce = cudaStreamCreate(&c->st);
+    if (ce == cudaSuccess)
+        ce = cudaStreamCreateWithFlags(&c->st_routes, cudaStreamNonBlocking);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&c->ev_routes, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&c->ev_extras, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&c->ev_lists, cudaEventDisableTiming);
     if (ce == cudaSuccess)   /* a __constant__ of the kernels: after the device is set */
         mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
     if (ce != cudaSuccess) {

@@ -2439,15 +2439,20 @@ __global__ void k_att_combine(mxc_att a)
  * positions their queries reach in tiles of ATT_KT keys (flash-attention
  * style, online softmax in fp32): each key and value row is read once per
  * query tile instead of once per query.  Thread (p, j) (p = tid / 16, j =
- * tid % 16) scores queries 2p, 2p + 1 against keys j, j + 16, j + 32, j +
- * 48 of the tile (each loaded float4 used 2 or 4 times: the kernel is
- * bound by shared-memory loads) and owns dims 4 (j + 16 i) .. of those two
- * queries' outputs; the 16 threads of a query pair are adjacent lanes, so
- * their running maxima and sums are shuffled among them. */
+ * tid % 16) scores queries ATT_QPT p .. + ATT_QPT against keys j, j + 16,
+ * j + 32, j + 48 of the tile and owns dims 4 (j + 16 i) .. of those
+ * queries' outputs; the 16 threads of a query group are adjacent lanes, so
+ * their running maxima and sums are shuffled among them.  The kernel is
+ * bound by its shared-memory loads: each key float4 serves ATT_QPT
+ * queries and each value float4 ATT_QPT outputs (4 queries a thread, 128
+ * threads: twice the use of every load of the 2-query, 256-thread layout
+ * before it). */
 #define ATT_QT 32
 #define ATT_KT 64
+#define ATT_QPT 4
+#define ATT_THREADS (ATT_QT / ATT_QPT * 16)
 
-__global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
+__global__ void __launch_bounds__(ATT_THREADS) k_attend_tile(mxc_att a)
 {
     pdl_enter();
     extern __shared__ float4 smem_f4[];
@@ -2457,11 +2462,11 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
     const int h = blockIdx.x, t0 = blockIdx.y * ATT_QT, tid = threadIdx.x;
     const int pq = tid >> 4, j = tid & 15;
     const int kvh = h / (a.nh / a.nkv);
-    bool valid[2];
-    int pos[2], start[2];
+    bool valid[ATT_QPT];
+    int pos[ATT_QPT], start[ATT_QPT];
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const int t = t0 + 2 * pq + u;
+    for (int u = 0; u < ATT_QPT; u++) {
+        const int t = t0 + ATT_QPT * pq + u;
         valid[u] = t < a.T;
         pos[u] = valid[u] ? a.pos[t] : -1;
         start[u] = valid[u] && a.window && pos[u] - a.window + 1 > 0 ? pos[u] - a.window + 1 : 0;
@@ -2478,7 +2483,7 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
         }
         range[0] = lo, range[1] = hi;
     }
-    for (int i = tid; i < ATT_QT * h4; i += 256) {
+    for (int i = tid; i < ATT_QT * h4; i += ATT_THREADS) {
         const int qq = i / h4, d = i - qq * h4;
         Qs[qq * hp + d] = t0 + qq < a.T ? ((const float4 *)(a.qr + ((int64_t)(t0 + qq) * a.nh + h) * hd))[d]
                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -2487,40 +2492,47 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
     const int lo = range[0], hi = range[1];
     const float4 *K = (const float4 *)(a.kc + (int64_t)kvh * a.n_ctx * hd);
     const float4 *V = (const float4 *)(a.vc + (int64_t)kvh * a.n_ctx * hd);
-    float4 o[2][4];
+    float4 o[ATT_QPT][4];
 #pragma unroll
-    for (int u = 0; u < 2; u++)
+    for (int u = 0; u < ATT_QPT; u++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             o[u][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float m[ATT_QPT], l[ATT_QPT];
+#pragma unroll
+    for (int u = 0; u < ATT_QPT; u++)
+        m[u] = -INFINITY, l[u] = 0.0f;
     for (int k0 = lo - lo % ATT_KT; k0 <= hi; k0 += ATT_KT) {
-        for (int i = tid; i < ATT_KT * h4; i += 256) {
+        for (int i = tid; i < ATT_KT * h4; i += ATT_THREADS) {
             const int kk = i / h4, d = i - kk * h4;
             const int p = min(k0 + kk, hi);
             Ks[kk * hp + d] = K[(int64_t)p * h4 + d];
             Vs[kk * hp + d] = V[(int64_t)p * h4 + d];
         }
         __syncthreads();
-        float s[2][4];
+        float s[ATT_QPT][4];
 #pragma unroll
-        for (int u = 0; u < 2; u++)
+        for (int u = 0; u < ATT_QPT; u++)
 #pragma unroll
             for (int c = 0; c < 4; c++)
                 s[u][c] = 0.0f;
-        const float4 *q0 = Qs + (2 * pq) * hp, *q1 = q0 + hp;
+        const float4 *q0 = Qs + (ATT_QPT * pq) * hp;
         for (int i = 0; i < h4; i++) {
-            const float4 qa = q0[i], qb = q1[i];
+            float4 qv[ATT_QPT];
+#pragma unroll
+            for (int u = 0; u < ATT_QPT; u++)
+                qv[u] = q0[u * hp + i];
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const float4 kv = Ks[(j + 16 * c) * hp + i];
-                s[0][c] += qa.x * kv.x + qa.y * kv.y + qa.z * kv.z + qa.w * kv.w;
-                s[1][c] += qb.x * kv.x + qb.y * kv.y + qb.z * kv.z + qb.w * kv.w;
+#pragma unroll
+                for (int u = 0; u < ATT_QPT; u++)
+                    s[u][c] += qv[u].x * kv.x + qv[u].y * kv.y + qv[u].z * kv.z + qv[u].w * kv.w;
             }
         }
-        float corr[2];
+        float corr[ATT_QPT];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < ATT_QPT; u++) {
             float tmax = -INFINITY;
 #pragma unroll
             for (int c = 0; c < 4; c++) {
@@ -2537,7 +2549,7 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const float e = s[u][c] == -INFINITY ? 0.0f : expf(s[u][c] - mn);
-                Ps[(2 * pq + u) * (ATT_KT + 1) + j + 16 * c] = e;
+                Ps[(ATT_QPT * pq + u) * (ATT_KT + 1) + j + 16 * c] = e;
                 ps += e;
             }
 #pragma unroll
@@ -2550,27 +2562,34 @@ __global__ void __launch_bounds__(256) k_attend_tile(mxc_att a)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (j + 16 * i < h4) {
-                float4 a0 = o[0][i], a1 = o[1][i];
-                a0.x *= corr[0], a0.y *= corr[0], a0.z *= corr[0], a0.w *= corr[0];
-                a1.x *= corr[1], a1.y *= corr[1], a1.z *= corr[1], a1.w *= corr[1];
-                const float *p0 = Ps + (2 * pq) * (ATT_KT + 1), *p1 = p0 + ATT_KT + 1;
-#pragma unroll 8
-                for (int kk = 0; kk < ATT_KT; kk++) {
-                    const float w0 = p0[kk], w1 = p1[kk];
-                    const float4 v = Vs[kk * hp + j + 16 * i];
-                    a0.x += w0 * v.x, a0.y += w0 * v.y, a0.z += w0 * v.z, a0.w += w0 * v.w;
-                    a1.x += w1 * v.x, a1.y += w1 * v.y, a1.z += w1 * v.z, a1.w += w1 * v.w;
+                float4 acc[ATT_QPT];
+#pragma unroll
+                for (int u = 0; u < ATT_QPT; u++) {
+                    acc[u] = o[u][i];
+                    acc[u].x *= corr[u], acc[u].y *= corr[u], acc[u].z *= corr[u], acc[u].w *= corr[u];
                 }
-                o[0][i] = a0, o[1][i] = a1;
+                const float *p0 = Ps + (ATT_QPT * pq) * (ATT_KT + 1);
+#pragma unroll 4
+                for (int kk = 0; kk < ATT_KT; kk++) {
+                    const float4 v = Vs[kk * hp + j + 16 * i];
+#pragma unroll
+                    for (int u = 0; u < ATT_QPT; u++) {
+                        const float w = p0[u * (ATT_KT + 1) + kk];
+                        acc[u].x += w * v.x, acc[u].y += w * v.y, acc[u].z += w * v.z, acc[u].w += w * v.w;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < ATT_QPT; u++)
+                    o[u][i] = acc[u];
             }
         }
         __syncthreads();
     }
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < ATT_QPT; u++) {
         if (!valid[u])
             continue;
-        float4 *out = (float4 *)(a.out + ((int64_t)(t0 + 2 * pq + u) * a.nh + h) * hd);
+        float4 *out = (float4 *)(a.out + ((int64_t)(t0 + ATT_QPT * pq + u) * a.nh + h) * hd);
         const float inv = 1.0f / l[u];
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -2589,7 +2608,7 @@ static int attend_tiles(cudaStream_t st, const mxc_att *a)
         attr_set = 1;
     }
     dim3 grid((unsigned)a->nh, (unsigned)((a->T + ATT_QT - 1) / ATT_QT));
-    return launch_k(k_attend_tile, grid, 256, smem, st, 1, *a);
+    return launch_k(k_attend_tile, grid, ATT_THREADS, smem, st, 1, *a);
 }
 
 int mxc_attend(cudaStream_t st, const mxc_att *a)
