@@ -1309,8 +1309,9 @@ static int moe_many(call *k, int l, mx_err *e)
      * layer's wait on st_routes saw) */
     const int half = c->stage_flip;
     c->stage_flip ^= 1;
-    int *tok_list = c->h_lists + (size_t)half * 2 * (size_t)npair, *pair_list = tok_list + npair;
-    mxc_item *gu = c->h_items + (size_t)half * 2 * (size_t)IC, *dn = gu + IC;
+    const size_t hpairs = (size_t)c->h_cap * (size_t)(c->Kp_max ? c->Kp_max : 1);   /* halves at fixed offsets */
+    int *tok_list = c->h_lists + (size_t)half * 2 * hpairs, *pair_list = tok_list + npair;
+    mxc_item *gu = c->h_items + (size_t)half * 2 * (size_t)item_cap(c, c->h_cap), *dn = gu + IC;
     const size_t dpairs = (size_t)b->cap * (size_t)(c->Kp_max ? c->Kp_max : 1);
     int *d_tok = b->tok_list + half * dpairs, *d_pair = b->pair_list + half * dpairs;
     mxc_item *d_items = b->items + (size_t)half * 2 * (size_t)item_cap(c, b->cap);
