@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "gen/gen.h"
 #include "model/model.h"
 #include "moe/moe.h"
 #include "quant/quant.h"
@@ -514,21 +515,27 @@ static void wide_linears(int64_t rows)
                         X[200] = 1024.0f, X[201] = ldexpf(1.0f, -30);
                     }
                     mx_linear_matmul(&l, X, 1, ref);
-                    for (int idot = 1; idot >= 0; idot--) {
+                    /* 2: integer kernels, weights through the shared-memory
+                     * ring; 1: integer kernels, weights in registers; 0:
+                     * the float kernels */
+                    for (int mode = 2; mode >= 0; mode--) {
+                        const int idot = mode > 0;
                         setenv("MLXCEL_CUDA_IDOT", idot ? "1" : "0", 1);
+                        setenv("MLXCEL_CUDA_RING", mode == 2 ? "1" : "0", 1);
                         int rc = mx_cuda_linear(&l, X, 1, got, &e);
                         CHECK_OK(rc, &e);
                         const double d = max_abs_diff(ref, got, (size_t)rows) / (max_abs(ref, (size_t)rows) + 1e-30);
                         runs++;
                         if (rc || d > 1e-5) {
                             bad++;
-                            fprintf(stderr, "wide linear %lld rows %d-bit group %d sdtype %d, x %s, idot %d: relative difference %g\n",
-                                    (long long)rows, bits[ib], gss[ig], (int)sdt[is], wide ? "wide" : "uniform", idot, d);
+                            fprintf(stderr, "wide linear %lld rows %d-bit group %d sdtype %d, x %s, mode %d: relative difference %g\n",
+                                    (long long)rows, bits[ib], gss[ig], (int)sdt[is], wide ? "wide" : "uniform", mode, d);
                         }
                     }
                 }
             }
     unsetenv("MLXCEL_CUDA_IDOT");
+    unsetenv("MLXCEL_CUDA_RING");
     mx_qkernels_force(NULL);
     CHECKF(bad == 0, "%d of %d wide GPU linears of %lld rows differ from the CPU reference", bad, runs, (long long)rows);
     free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);
@@ -671,6 +678,105 @@ static void kjv_batch(const char *dir)
     mx_model_free(m);
 }
 
+/* The greedy step's argmax on the GPU against mx_argmax (whose definition
+ * test_sample checks) on ties, NaNs, infinities, signed zeros and a
+ * vocabulary's worth of values with the maximum repeated across blocks. */
+static void argmax_edges(void)
+{
+    const float inf = INFINITY, nan = NAN;
+    const float c[][4] = {{1, 3, 3, 2}, {nan, 5, 7, 1}, {1, nan, 0.5f, 0}, {1, nan, 2, nan}, {-inf, -inf, -inf, -inf},
+                          {-inf, nan, -inf, nan}, {-0.0f, 0.0f, -0.0f, 0.0f}, {-1, 0.0f, -0.0f, -2},
+                          {1, inf, inf, 0}, {nan, nan, nan, nan}, {-inf, nan, -5, nan}};
+    mx_err e = {0};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        for (int n = 1; n <= 4; n++) {
+            int32_t got = -1;
+            CHECK_OK(mx_cuda_argmax(c[i], n, &got, &e), &e);
+            CHECKF(got == mx_argmax(c[i], n), "argmax case %zu of %d values: GPU %d, mx_argmax %d", i, n, (int)got,
+                   (int)mx_argmax(c[i], n));
+        }
+    const int V = 151936;
+    float *x = malloc(sizeof(float) * V);
+    unsigned long long seed = 99;
+    for (int r = 0; r < 6; r++) {
+        for (int i = 0; i < V; i++)
+            x[i] = r == 5 ? 1.0f : test_randf(&seed);
+        if (r >= 1 && r < 5) {   /* the maximum at several places, in different blocks' strides */
+            const int at[] = {V - 1, 70000, 256 * 37 + 3, 12345};
+            for (int k = r - 1; k < 4; k++)
+                x[at[k]] = 7.0f;
+        }
+        if (r == 3)
+            x[0] = nan;
+        if (r == 4)
+            for (int i = 1; i < V; i += 3)
+                x[i] = nan;
+        int32_t got = -1;
+        CHECK_OK(mx_cuda_argmax(x, V, &got, &e), &e);
+        CHECKF(got == mx_argmax(x, V), "argmax of %d values, round %d: GPU %d, mx_argmax %d", V, r, (int)got,
+               (int)mx_argmax(x, V));
+    }
+    free(x);
+}
+
+/* mx_decode_greedy on the GPU (the argmax there, steps back to back)
+ * against the CPU's greedy steps: the same ids, twice in a row (the second
+ * call from where the first stopped), then the host's argmax on the GPU
+ * (MLXCEL_CUDA_GREEDY=0) and the gather path; the sequence then goes on
+ * at the right position (a plain step's logits match the CPU's). */
+static void greedy_vs_cpu(const char *dir)
+{
+    mx_err e = {0};
+    mx_model *cpu = NULL, *gpu = NULL;
+    CHECK_OK(mx_model_load(dir, &cpu, &e), &e);
+    CHECK_OK(mx_model_load(dir, &gpu, &e), &e);
+    if (!cpu || !gpu)
+        goto out;
+    CHECK_OK(mx_device_select(gpu, "cuda", &e), &e);
+    enum { NP = 5, N = 24 };
+    const int V = cpu->vocab;
+    const int32_t prompt[NP] = {11, 200, 3000, 45, 7};
+    int32_t want[4 * N], got[N];
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 1)
+            setenv("MLXCEL_CUDA_GREEDY", "0", 1);
+        if (mode == 2)
+            setenv("MLXCEL_FUSED_MOE", "0", 1);
+        mx_seq *sc = NULL, *sg = NULL;
+        CHECK_OK(mx_seq_new(cpu, NP + 2 * N + 2, &sc, &e), &e);
+        CHECK_OK(mx_seq_new(gpu, NP + 2 * N + 2, &sg, &e), &e);
+        CHECK_OK(mx_forward(cpu, sc, prompt, NP - 1, NULL, NULL, &e), &e);
+        CHECK_OK(mx_forward(gpu, sg, prompt, NP - 1, NULL, NULL, &e), &e);
+        int32_t id = prompt[NP - 1];
+        for (int i = 0; i < 2 * N; i++) {
+            CHECK_OK(mx_forward(cpu, sc, &id, 1, a, NULL, &e), &e);
+            id = want[i] = mx_argmax(a, V);
+        }
+        int same = 1;
+        for (int half = 0; half < 2; half++) {
+            CHECK_OK(mx_decode_greedy(gpu, sg, half ? got[N - 1] : prompt[NP - 1], N, got, &e), &e);
+            for (int i = 0; i < N; i++)
+                same &= got[i] == want[half * N + i];
+        }
+        CHECKF(same, "kjv-moe: greedy ids on the GPU (mode %d) differ from the CPU's", mode);
+        CHECKF(sg->pos == sc->pos, "kjv-moe: greedy on the GPU left position %d, the CPU %d", sg->pos, sc->pos);
+        id = want[2 * N - 1];
+        CHECK_OK(mx_forward(cpu, sc, &id, 1, a, NULL, &e), &e);
+        CHECK_OK(mx_forward(gpu, sg, &id, 1, b, NULL, &e), &e);
+        const double d = max_abs_diff(a, b, (size_t)V);
+        CHECKF(d < 1e-3, "kjv-moe: the step after greedy steps (mode %d) differs by %g", mode, d);
+        mx_seq_free(sc);
+        mx_seq_free(sg);
+    }
+    unsetenv("MLXCEL_CUDA_GREEDY");
+    unsetenv("MLXCEL_FUSED_MOE");
+    free(a), free(b);
+out:
+    mx_model_free(cpu);
+    mx_model_free(gpu);
+}
+
 int main(void)
 {
     char info[256];
@@ -685,6 +791,8 @@ int main(void)
     linears(info);
     wide_linears(20001);
     wide_linears(5001);
+    wide_linears(1001);   /* one row a warp */
+    argmax_edges();
     const char *src = getenv("MLXCEL_SRC");
     if (src) {
         char dir[1024];
@@ -693,6 +801,10 @@ int main(void)
         gpu_vs_cpu(dir, "kjv-moe", 5, 8, 0, 0);
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 0);
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100, 0);
+        setenv("MLXCEL_CUDA_RING", "0", 1);   /* the streaming kernels' weights in registers */
+        gpu_vs_cpu(dir, "kjv-moe", 5, 8, 0, 0);
+        unsetenv("MLXCEL_CUDA_RING");
+        greedy_vs_cpu(dir);
         /* a context of 2048 (32 splits of 64, 10 of them holding
          * positions): blocks for all of them, and 3 blocks a head, each
          * looping over its share of the splits (with a window too, so

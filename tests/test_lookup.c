@@ -424,6 +424,34 @@ static void test_verify(verify_ctx *v)
     }
 }
 
+/* mx_decode_greedy: the same ids as a greedy generation (ref, after the
+ * prompt), the position advanced by the steps, and its argument errors
+ * leaving the sequence where it was. */
+static void test_decode_greedy(mx_model *m, const int32_t *prompt, int np, const ids_out *ref)
+{
+    mx_err e = {0};
+    mx_seq *s = NULL;
+    int32_t ids[64];
+    const int n = ref->n < 64 ? ref->n : 64;
+    CHECK_OK(mx_seq_new(m, np + n + 2, &s, &e), &e);
+    if (!s)
+        return;
+    CHECK_OK(mx_forward(m, s, prompt, np - 1, NULL, NULL, &e), &e);
+    CHECK_OK(mx_decode_greedy(m, s, prompt[np - 1], n, ids, &e), &e);
+    CHECKF(s->pos == np - 1 + n, "decode_greedy: position %d after %d steps from %d", s->pos, n, np - 1);
+    int same = 0;
+    while (same < n && ids[same] == ref->ids[same])
+        same++;
+    CHECKF(same == n, "decode_greedy: id %d of %d differs from the greedy generation's", same, n);
+    const int pos = s->pos;
+    CHECK(mx_decode_greedy(m, s, 1, 0, ids, &e) == MX_EINVAL);
+    CHECK(mx_decode_greedy(m, s, -1, 1, ids, &e) == MX_ERANGE);
+    CHECK(mx_decode_greedy(m, s, m->vocab, 1, ids, &e) == MX_ERANGE);
+    CHECK(mx_decode_greedy(m, s, 1, 4, ids, &e) == MX_ERANGE);   /* room for 3 */
+    CHECKF(s->pos == pos, "decode_greedy: a refused call moved the position %d -> %d", pos, s->pos);
+    mx_seq_free(s);
+}
+
 static void test_demo_model(int *drafted, int *accepted)
 {
     const char *src = getenv("MLXCEL_SRC");
@@ -450,8 +478,10 @@ static void test_demo_model(int *drafted, int *accepted)
         mx_gen_opts o = {.max_tokens = 40, .ignore_eos = 1};
         mx_sample_defaults(&o.sample);
         o.sample.temperature = 0;
-        if (!run(v.g, 512, v.prompt, v.np, &o, &v.ref, NULL) && v.ref.n == 40)
+        if (!run(v.g, 512, v.prompt, v.np, &o, &v.ref, NULL) && v.ref.n == 40) {
             test_verify(&v);
+            test_decode_greedy(v.g->model, v.prompt, v.np, &v.ref);
+        }
         else
             CHECKF(0, "the demo model's reference generation");
         /* a stop string inside a draft: the same text */

@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cuda/cuda.h"
 #include "dist/dist.h"
+#include "gen/gen.h"
 #include "model/model.h"
 #include "moe/moe.h"
 #include "sample/sample.h"
@@ -155,26 +156,26 @@ static void ranks_json(cJSON *o, const rank_sums *rs, const mx_model *m)
 }
 
 /* Decodes n tokens from position `pos` (the prompt already in the cache),
- * returning tok/s.  A recurrent state cannot be rewound to the prompt's
+ * returning tok/s: greedy steps through mx_decode_greedy (on a GPU the
+ * argmax there, no round trip to the host a token; MLXCEL_CUDA_GREEDY=0
+ * takes the host's, as generate does).  A recurrent state cannot be rewound to the prompt's
  * end: such a model feeds the prompt again first (not timed). */
 static int decode_run(mx_model *m, mx_seq *s, const int32_t *prompt, int pos, int32_t first, int n,
-                      float *logits, double *tok_s, mx_err *e)
+                      double *tok_s, mx_err *e)
 {
     if (mx_seq_rewind(s, pos) < pos) {
         int rc = mx_forward(m, s, prompt, pos, NULL, NULL, e);
         if (rc)
             return rc;
     }
-    int32_t id = first;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    if (!ids)
+        return mx_fail(e, MX_ENOMEM, "bench: out of memory");
     double t0 = mx_now();
-    for (int i = 0; i < n; i++) {
-        int rc = mx_forward(m, s, &id, 1, logits, NULL, e);
-        if (rc)
-            return rc;
-        id = mx_argmax(logits, m->vocab);
-    }
+    int rc = mx_decode_greedy(m, s, first, n, ids, e);
     *tok_s = n / (mx_now() - t0);
-    return MX_OK;
+    free(ids);
+    return rc;
 }
 
 /* The batched decode: nb sequences, each with its own random prompt of np
@@ -329,11 +330,11 @@ int cmd_bench(int argc, char **argv)
     double ttft_first = mx_now() - tw;
     int32_t first = mx_argmax(logits, m->vocab);
     double dummy;
-    if ((rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e)))
+    if ((rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, &dummy, &e)))
         goto fail;
     if (compare) {   /* the gather path warmed up too (on a GPU: its step graph captured) */
         mx_moe_set_fused(0);
-        rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, logits, &dummy, &e);
+        rc = decode_run(m, s, prompt, (int)np, first, ng < 4 ? (int)ng : 4, &dummy, &e);
         mx_moe_set_fused(-1);
         if (rc)
             goto fail;
@@ -367,7 +368,7 @@ int cmd_bench(int argc, char **argv)
             mx_dist_stats_reset();
         if (!compare) {
             double ts;
-            if ((rc = decode_run(m, s, prompt, (int)np, first, (int)ng, logits, &ts, &e)))
+            if ((rc = decode_run(m, s, prompt, (int)np, first, (int)ng, &ts, &e)))
                 goto fail;
             push(&dec, ts);
         } else {
@@ -378,7 +379,7 @@ int cmd_bench(int argc, char **argv)
                 int use_fused = k == 0 || k == 3;
                 double ts;
                 mx_moe_set_fused(use_fused);
-                if ((rc = decode_run(m, s, prompt, (int)np, first, (int)ng, logits, &ts, &e)))
+                if ((rc = decode_run(m, s, prompt, (int)np, first, (int)ng, &ts, &e)))
                     goto fail;
                 push(use_fused ? &fused : &gather, ts);
                 push(&dec, ts);

@@ -111,6 +111,7 @@ typedef struct cu_seq {
     float *state;                /* the recurrent layers' state (mx_seq's layout), or NULL */
     size_t *soff;                /* [n_layers + 1] floats into state */
     cudaGraphExec_t graph[2];    /* one-token step: gather, fused */
+    cudaGraphExec_t ggraph[2];   /* a greedy step (cu_greedy): the same, then the argmax */
 } cu_seq;
 
 typedef struct cu_ctx {
@@ -148,6 +149,10 @@ typedef struct cu_ctx {
     int32_t *h_tok;              /* pinned [1] the decode step's token */
     int *h_pos;                  /* pinned [1] its position */
     float *h_logits;             /* pinned [vocab] */
+    /* greedy steps on the GPU (cu_greedy): the argmax's scratch and the
+     * ring of ids it writes (GREEDY_RING), copied back to pinned h_ids */
+    mxc_argmax am;
+    int32_t *h_ids;
     /* host scratch of the prompt path */
     float *h_rl, *h_glog, *h_W;
     int *h_P, *h_lists, *h_cnt;  /* h_P, h_lists, h_items: pinned (copied asynchronously) */
@@ -721,9 +726,12 @@ static void seq_state_free(cu_seq *q)
 {
     if (!q)
         return;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         if (q->graph[i])
             cudaGraphExecDestroy(q->graph[i]);
+        if (q->ggraph[i])
+            cudaGraphExecDestroy(q->ggraph[i]);
+    }
     cudaFree(q->k);
     cudaFree(q->v);
     cudaFree(q->part);
@@ -1715,19 +1723,33 @@ static int run_pass(call *k, int want_last, mx_err *e)
     return MX_OK;
 }
 
-/* Captures the one-token step of sequence q into a graph. */
-static int capture_step(cu_ctx *c, cu_seq *q, int fused, mx_err *e)
+/* Captures the one-token step of sequence q into a graph: token and
+ * position from pinned memory, logits back to it.  greedy: the step of
+ * cu_greedy instead, token and position where the previous step's argmax
+ * left them on the GPU, the argmax last (into q->ggraph). */
+static int capture_step(cu_ctx *c, cu_seq *q, int fused, int greedy, mx_err *e)
 {
     const mx_model *m = c->m;
     cu_buf *b = &c->dec;
     call k = {.c = c, .q = q, .b = b, .T = 1, .last_pos = q->n_ctx - 1, .fused = fused, .graph = 1};
     cudaGraph_t g = NULL;
     CK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
-    cudaError_t ce = cudaMemcpyAsync(b->tok, c->h_tok, sizeof(int32_t), cudaMemcpyHostToDevice, c->st);
-    if (ce == cudaSuccess)
+    cudaError_t ce = cudaSuccess;
+    if (!greedy)
+        ce = cudaMemcpyAsync(b->tok, c->h_tok, sizeof(int32_t), cudaMemcpyHostToDevice, c->st);
+    if (ce == cudaSuccess && !greedy)
         ce = cudaMemcpyAsync(b->pos, c->h_pos, sizeof(int), cudaMemcpyHostToDevice, c->st);
     int rc = ce == cudaSuccess ? run_pass(&k, 1, e) : cu_fail(e, ce, "cudaMemcpyAsync");
-    if (!rc) {
+    if (!rc && greedy) {
+        mxc_argmax a = c->am;
+        a.x = b->logits;
+        a.n = m->vocab;
+        a.tok = b->tok;
+        a.pos = b->pos;
+        int kl = mxc_argmax_run(c->st, &a);
+        if (kl)
+            rc = cu_fail(e, (cudaError_t)kl, "mxc_argmax_run");
+    } else if (!rc) {
         ce = cudaMemcpyAsync(c->h_logits, b->logits, sizeof(float) * (size_t)m->vocab, cudaMemcpyDeviceToHost, c->st);
         if (ce != cudaSuccess)
             rc = cu_fail(e, ce, "cudaMemcpyAsync");
@@ -1736,7 +1758,7 @@ static int capture_step(cu_ctx *c, cu_seq *q, int fused, mx_err *e)
     if (!rc && ce != cudaSuccess)
         rc = cu_fail(e, ce, "cudaStreamEndCapture");
     if (!rc) {
-        ce = cudaGraphInstantiate(&q->graph[fused], g, 0);
+        ce = cudaGraphInstantiate(greedy ? &q->ggraph[fused] : &q->graph[fused], g, 0);
         if (ce != cudaSuccess)
             rc = cu_fail(e, ce, "cudaGraphInstantiate");
     }
@@ -1771,7 +1793,7 @@ static int cu_forward(void *ctx, mx_seq *s, const int32_t *tokens, int n, float 
         *c->h_tok = tokens[0];
         *c->h_pos = s->pos;
         if (!q->graph[fused]) {
-            int rc = capture_step(c, q, fused, e);
+            int rc = capture_step(c, q, fused, 0, e);
             if (rc)
                 return rc;
         }
@@ -1802,6 +1824,61 @@ static int cu_forward(void *ctx, mx_seq *s, const int32_t *tokens, int n, float 
     if (logits)
         CK(d2h(c->st, logits, b->logits, sizeof(float) * (size_t)m->vocab));
     CK(cudaStreamSynchronize(c->st));
+    return MX_OK;
+}
+
+/* Greedy steps of one sequence (mx_backend.greedy): the captured step
+ * with the argmax on the GPU after lm_head, whose winner is the next
+ * step's token, so the host launches the steps back to back and copies the
+ * ids back every GREEDY_RING steps and at the end: no logits copy, no
+ * argmax on the host, and the GPU never waits for the host between steps.
+ * -1 when it cannot (no CUDA graph for this model, MLXCEL_CUDA_GRAPH=0,
+ * MLXCEL_CUDA_GREEDY=0): the caller steps through forward. */
+#define GREEDY_RING 1024
+static int cu_greedy(void *ctx, mx_seq *s, int32_t first, int n, int32_t *ids, mx_err *e)
+{
+    cu_ctx *c = ctx;
+    if (!c->graphable || !mx_env_flag("MLXCEL_CUDA_GRAPH", 1) || !mx_env_flag("MLXCEL_CUDA_GREEDY", 1))
+        return -1;
+    cu_seq *q = seq_state(c, s, e);
+    if (!q)
+        return e->code;
+    if (!c->am.pv) {
+        int nsm = 0;   /* a block an SM: a few values a thread */
+        CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+        c->am.blocks = nsm < 1 ? 1 : nsm > MXC_ARGMAX_BLOCKS ? MXC_ARGMAX_BLOCKS : nsm;
+        c->am.ring = GREEDY_RING;
+        CK(dalloc(&c->am.pv, sizeof(float) * MXC_ARGMAX_BLOCKS));
+        CK(dalloc(&c->am.pi, sizeof(int) * MXC_ARGMAX_BLOCKS));
+        CK(dalloc(&c->am.cnt, 2 * sizeof(int)));   /* the counter, then n_ids */
+        CK(cudaMemset(c->am.cnt, 0, 2 * sizeof(int)));
+        c->am.n_ids = c->am.cnt + 1;
+        CK(dalloc(&c->am.ids, sizeof(int32_t) * GREEDY_RING));
+        CK(cudaMallocHost((void **)&c->h_ids, sizeof(int32_t) * GREEDY_RING));
+    }
+    if (s->pos == 0 && q->state)
+        CK(cudaMemsetAsync(q->state, 0, sizeof(float) * q->soff[c->m->n_layers], c->st));
+    const int fused = mx_moe_fused_enabled() ? 1 : 0;
+    if (!q->ggraph[fused]) {
+        int rc = capture_step(c, q, fused, 1, e);
+        if (rc)
+            return rc;
+    }
+    *c->h_tok = first;
+    *c->h_pos = s->pos;
+    CK(cudaMemcpyAsync(c->dec.tok, c->h_tok, sizeof(int32_t), cudaMemcpyHostToDevice, c->st));
+    CK(cudaMemcpyAsync(c->dec.pos, c->h_pos, sizeof(int), cudaMemcpyHostToDevice, c->st));
+    CK(cudaMemsetAsync(c->am.n_ids, 0, sizeof(int), c->st));
+    for (int i0 = 0; i0 < n; i0 += GREEDY_RING) {
+        const int k = n - i0 < GREEDY_RING ? n - i0 : GREEDY_RING;
+        for (int i = 0; i < k; i++) {
+            CK(cudaGraphLaunch(q->ggraph[fused], c->st));
+            count_step(c, fused);
+        }
+        CK(cudaMemcpyAsync(c->h_ids, c->am.ids, sizeof(int32_t) * (size_t)k, cudaMemcpyDeviceToHost, c->st));
+        CK(cudaStreamSynchronize(c->st));
+        memcpy(ids + i0, c->h_ids, sizeof(int32_t) * (size_t)k);
+    }
     return MX_OK;
 }
 
@@ -1893,6 +1970,11 @@ static void cu_free(void *ctx)
     cudaFreeHost(c->h_tok);
     cudaFreeHost(c->h_pos);
     cudaFreeHost(c->h_logits);
+    cudaFreeHost(c->h_ids);
+    cudaFree(c->am.pv);
+    cudaFree(c->am.pi);
+    cudaFree(c->am.cnt);
+    cudaFree(c->am.ids);
     if (c->st)
         cudaStreamDestroy(c->st);
     if (c->st_routes)
@@ -1941,6 +2023,8 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
     cu_ctx c = {.mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1)};
     float *dx = NULL, *dy = NULL;
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
+    mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
+    mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     int idx, rc = add_mat(&c, l, "linear", &idx, e);
     const size_t nx = (size_t)T * (size_t)l->cols, ny = (size_t)T * (size_t)l->rows;
@@ -1975,6 +2059,40 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
     return rc;
 }
 
+int mx_cuda_argmax(const float *x, int n, int32_t *id, mx_err *e)
+{
+    if (n < 1)
+        return mx_fail(e, MX_EINVAL, "argmax of %d values", n);
+    mxc_argmax a = {.n = n, .blocks = 37, .ring = 4};   /* blocks: not a divisor of the test sizes */
+    float *dx = NULL;
+    int *scratch = NULL;   /* cnt, n_ids, tok, pos, ids[4], pi[blocks] */
+    cudaError_t ce = dalloc(&dx, sizeof(float) * (size_t)n);
+    if (ce == cudaSuccess)
+        ce = dalloc(&a.pv, sizeof(float) * (size_t)a.blocks);
+    if (ce == cudaSuccess)
+        ce = dalloc(&scratch, sizeof(int) * (size_t)(8 + a.blocks));
+    if (ce == cudaSuccess)
+        ce = cudaMemset(scratch, 0, sizeof(int) * 8);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(dx, x, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice);
+    int rc = MX_OK;
+    if (ce == cudaSuccess) {
+        a.x = dx;
+        a.cnt = scratch, a.n_ids = scratch + 1, a.tok = scratch + 2, a.pos = scratch + 3, a.ids = scratch + 4;
+        a.pi = scratch + 8;
+        const int kl = mxc_argmax_run(0, &a);
+        ce = kl ? (cudaError_t)kl : cudaDeviceSynchronize();
+    }
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(id, scratch + 2, sizeof(int32_t), cudaMemcpyDeviceToHost);
+    if (ce != cudaSuccess)
+        rc = cu_fail(e, ce, "mx_cuda_argmax");
+    cudaFree(dx);
+    cudaFree(a.pv);
+    cudaFree(scratch);
+    return rc;
+}
+
 double mx_cuda_membw_probe(size_t bytes, int reps)
 {
     return mxc_copy_bandwidth(bytes, reps);
@@ -2001,6 +2119,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1);
     mxc_set_qkv_warp(mx_env_flag("MLXCEL_CUDA_QKV_WARP", 1));
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
+    mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
+    mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     {
@@ -2103,7 +2223,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     }
     if ((rc = buf_reserve(c, &c->dec, 1, e)))
         goto fail;
-    c->be = (mx_backend){.name = c->name, .forward = cu_forward, .seq_free = cu_seq_free, .free = cu_free,
+    c->be = (mx_backend){.name = c->name, .forward = cu_forward, .greedy = cu_greedy, .seq_free = cu_seq_free, .free = cu_free,
                          .forward_batch = mx_env_flag("MLXCEL_CUDA_BATCH", 1) ? cu_forward_batch : NULL};
     mx_model_set_backend(m, &c->be, c);
     return MX_OK;

@@ -33,6 +33,9 @@ int mx_cuda_attach(mx_model *m, mx_err *e);
  * the kernels the forward pass uses (matvec for T <= 8, tiles above); for
  * tests. */
 int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *e);
+/* The greedy step's argmax on the GPU (what mx_decode_greedy's steps end
+ * with) of x[0 .. n) into *id; for tests. */
+int mx_cuda_argmax(const float *x, int n, int32_t *id, mx_err *e);
 /* How many MoE layers of one-token steps were launched with the router
  * inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER; a captured graph
  * counts once), in this process; for tests. */

@@ -186,6 +186,16 @@ void mxc_set_qkv_warp(int on);
  * off: the float kernels). */
 void mxc_set_idot(int on);
 
+/* The integer streaming kernels copy their weights into a ring in shared
+ * memory by cp.async, several items in flight a warp (on unless
+ * MLXCEL_CUDA_RING=0; off: each warp's next item in registers). */
+void mxc_set_ring(int on);
+
+/* One token's attention copies the K/V rows of its first split that
+ * earlier steps wrote into shared memory before it waits for q/k/v (on
+ * unless MLXCEL_CUDA_ATT_PRE=0). */
+void mxc_set_att_pre(int on);
+
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
  * code (probed once; MLXCEL_CUDA_WGMMA=0: the warp MMAs). */
 void mxc_set_wgmma(int on);
@@ -230,6 +240,7 @@ typedef struct mxc_att {
     int *cnt;                    /* T = 1: [nh] zeroed ints; the last split of a head combines (no second launch) */
     int max_z;                   /* with cnt: at most this many blocks a head, each looping over splits (0: about two blocks an SM in all) */
     int fuse;                    /* T = 1: the blocks do qkv's work themselves (no mxc_qkv_post launch) */
+    int pre;                     /* set by mxc_attend: one token's first split's old K/V rows copied before the wait */
     int tile;                    /* T > 1: query tiles over key tiles (one launch, part unused) */
     mxc_qkv qkv;
 } mxc_att;
@@ -366,6 +377,25 @@ typedef struct mxc_dn {
     float eps;
 } mxc_dn;
 int mxc_delta_rule(cudaStream_t st, const mxc_dn *p);
+
+/* Greedy decoding: the index of the largest of x[0 .. n) as mx_argmax
+ * gives it (first occurrence; NaN never wins; a NaN at 0 is never beaten)
+ * becomes *tok, *pos grows by one, and the id goes to ids[*n_ids % ring]
+ * (*n_ids then grows).  blocks (1 .. MXC_ARGMAX_BLOCKS) each reduce a
+ * stride into pv, pi; the last one to finish reduces those (cnt: a zeroed
+ * counter, left zeroed). */
+#define MXC_ARGMAX_BLOCKS 256
+typedef struct mxc_argmax {
+    const float *x;
+    int n, blocks;
+    float *pv;                   /* [blocks] */
+    int *pi, *cnt;               /* [blocks], [1] */
+    int32_t *tok;
+    int *pos;
+    int32_t *ids;                /* [ring] */
+    int *n_ids, ring;
+} mxc_argmax;
+int mxc_argmax_run(cudaStream_t st, const mxc_argmax *a);
 
 /* A device-to-device copy of `bytes`, reps times: GB/s counting bytes read
  * and written (median), or < 0 on error. */

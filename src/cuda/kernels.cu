@@ -52,6 +52,19 @@ static int g_idot = 1;
 
 extern "C" void mxc_set_idot(int on) { g_idot = on; }
 
+/* the integer streaming kernels' weights through a ring in shared memory
+ * (mv_ring) unless MLXCEL_CUDA_RING=0 */
+static int g_ring = 1;
+
+extern "C" void mxc_set_ring(int on) { g_ring = on; }
+
+/* one token's attention copies its first split's K/V rows before its wait
+ * unless MLXCEL_CUDA_ATT_PRE=0 */
+static int g_att_pre = 1;
+#define ATT_PRE_HD 128
+
+extern "C" void mxc_set_att_pre(int on) { g_att_pre = on; }
+
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 #ifdef MXC_PDL_EARLY
 __device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
@@ -63,7 +76,13 @@ __device__ __forceinline__ void pdl_go(void) {}
  * then become resident as these exit, and issue their first weight loads
  * before they wait) instead of after the last block has exited; not at
  * the top of the kernel, where the successor's blocks would take SM slots
- * from blocks of this grid not yet started.  Off: MLXCEL_CUDA_PDL_TRIGGER=0. */
+ * from blocks of this grid not yet started.  Off: MLXCEL_CUDA_PDL_TRIGGER=0.
+ * Either way a kernel starts only when every block of its predecessor is
+ * past its wait: what the kernels two launches back wrote is complete, and
+ * the code before a wait may read it (through L2: ld.cg, cp.async.cg).
+ * (Triggering right after the wait, with the streaming grids one block an
+ * SM so that the successor's blocks copy their weights beside them, was
+ * slower: docs/cuda.md.) */
 __constant__ int c_pdl_trigger = 1;
 
 extern "C" void mxc_set_pdl_trigger(int on)
@@ -2035,7 +2054,26 @@ int mxc_delta_rule(cudaStream_t st, const mxc_dn *p)
  * qdst when not NULL, else p.qr), else kv head h - nh (k and v into the
  * cache at the token's position).  hv: hd floats of shared memory; every
  * thread of the block calls it. */
-__device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv, float *qdst)
+/* One token's rotation (pos's cosines and sines times the scale, as
+ * qkv_head computes them) into rot[0 .. rope_dims / 2): k_attend makes it
+ * before it waits for q/k/v (pos and the frequencies are there before the
+ * step), so the heads do not wait for the trigonometry.  Every thread
+ * calls it; the caller's next barrier publishes it. */
+__device__ __forceinline__ void rot_make(const mxc_qkv &p, int pos, float2 *rot)
+{
+    const int longf = p.inv_freq_long && pos + 1 > p.orig_max;
+    const float *f = longf ? p.inv_freq_long : p.inv_freq;
+    const float sc = longf ? p.mscale_long : p.mscale;
+    for (int i = threadIdx.x; i < p.rope_dims / 2; i += blockDim.x) {
+        const float ang = (float)pos * f[i];
+        rot[i] = make_float2(cosf(ang) * sc, sinf(ang) * sc);
+    }
+}
+
+/* rot: one token's (T = 1) rotation made by rot_make for position pos, or
+ * NULL (then pos is read and the rotation computed here). */
+__device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv, float *qdst, int pos_in = -1,
+                                      const float2 *rot = nullptr)
 {
     const int hd = p.hd;
     const int isq = h < p.nh, g = isq ? h : h - p.nh;
@@ -2069,7 +2107,7 @@ __device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv,
             hv[i] = nw[(int64_t)g * hd + i] * (hv[i] * r);
     }
     __syncthreads();
-    const int pos = p.pos[t], last = p.pos[p.T - 1];
+    const int pos = rot ? pos_in : p.pos[t], last = rot ? pos_in : p.pos[p.T - 1];
     const int longf = p.inv_freq_long && last + 1 > p.orig_max;
     const float *f = longf ? p.inv_freq_long : p.inv_freq;
     const float sc = longf ? p.mscale_long : p.mscale;
@@ -2079,11 +2117,19 @@ __device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv,
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = hv[i];
         if (i < half) {
-            const float ang = (float)pos * f[i];
-            o = hv[i] * (cosf(ang) * sc) - hv[i + half] * (sinf(ang) * sc);
+            if (rot) {
+                o = hv[i] * rot[i].x - hv[i + half] * rot[i].y;
+            } else {
+                const float ang = (float)pos * f[i];
+                o = hv[i] * (cosf(ang) * sc) - hv[i + half] * (sinf(ang) * sc);
+            }
         } else if (i < 2 * half) {
-            const float ang = (float)pos * f[i - half];
-            o = hv[i] * (cosf(ang) * sc) + hv[i - half] * (sinf(ang) * sc);
+            if (rot) {
+                o = hv[i] * rot[i - half].x + hv[i - half] * rot[i - half].y;
+            } else {
+                const float ang = (float)pos * f[i - half];
+                o = hv[i] * (cosf(ang) * sc) + hv[i - half] * (sinf(ang) * sc);
+            }
         }
         dst[i] = o;
     }
@@ -2241,8 +2287,11 @@ int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
  * The split's max, sum and unnormalised output go to part. */
 /* The scores, softmax numerators and weighted values of positions [lo,
  * hi] for head h of token t, into part (k_attend). */
+/* pre: rows lo .. lo + npre - 1 of K (then V, span rows later) already in
+ * shared memory (k_attend copied them before its wait), or NULL. */
 __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int lo, int hi, float *part,
-                                             float4 *qs, float *sc, float *red)
+                                             float4 *qs, float *sc, float *red, const float4 *pre = nullptr,
+                                             int npre = 0)
 {
     const int hd = a.hd, tid = threadIdx.x, h4 = hd / 4;
     const int kvh = h / (a.nh / a.nkv), n = hi - lo + 1;
@@ -2261,7 +2310,7 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
         const int j = j0 + pp;
         float d = 0.0f;
         if (j < n) {
-            const float4 *kj = K + (int64_t)(lo + j) * h4;
+            const float4 *kj = j < npre ? pre + j * h4 : K + (int64_t)(lo + j) * h4;
 #pragma unroll 4
             for (int i = g; i < h4; i += 8) {
                 const float4 k4 = kj[i], qv = qs[i];
@@ -2292,7 +2341,7 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
 #pragma unroll 8
         for (int j = prt; j < n; j += parts) {
             const float w = sc[j];
-            const float4 v = V[(int64_t)(lo + j) * h4 + d4];
+            const float4 v = j < npre ? pre[(a.span + j) * h4 + d4] : V[(int64_t)(lo + j) * h4 + d4];
             o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
         }
         float *r = red + prt * hd + 4 * d4;
@@ -2348,13 +2397,17 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
 template <bool FUSE>
 __global__ void __launch_bounds__(256) k_attend(mxc_att a)
 {
-    pdl_enter();
     __shared__ float4 qs[MXC_HD_MAX / 4];
     __shared__ float sc[256];
     __shared__ float red[1024];
+    extern __shared__ float4 kv_pre[];   /* a.pre: [2][span][hd / 4], K rows then V rows */
     const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, hd = a.hd, tid = threadIdx.x;
     const int span = a.span;
-    const int pos = a.pos[t];
+    if (!a.cnt)
+        pdl_enter();
+    /* one token: the position is there before the step (its first copy, or
+     * the previous step's argmax), so read before the wait */
+    const int pos = a.cnt ? __ldcg(a.pos + t) : a.pos[t];
     const int start = a.window && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
     if (a.cnt) {
         /* one token (the only rows FUSE comes with), fewer blocks than splits:
@@ -2369,20 +2422,47 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
          * write the same values), so the heads need no launch of their own. */
         const int s0 = start / span, s1 = pos / span, Z = (int)gridDim.z;
         const int first = s0 + ((sp - s0) % Z + Z) % Z;
-        if (first > s1)
+        if (first > s1) {
+            pdl_wait();
             return;
+        }
+        /* Before the wait, what earlier steps wrote: the first split's K
+         * and V rows before pos (a.pre: into shared memory, through L2)
+         * and the rotation of pos.  Row pos is this step's (after the
+         * wait, from the cache: the block holding it writes it). */
+        const int lo0 = max(first * span, start);
+        const int npre = a.pre ? max(0, min(pos - 1, first * span + span - 1) - lo0 + 1) : 0;
+        if (npre) {
+            const int h4 = hd / 4, kvh = h / (a.nh / a.nkv), n4 = npre * h4;
+            const float4 *K = (const float4 *)(a.kc + ((int64_t)kvh * a.n_ctx + lo0) * hd);
+            const float4 *V = (const float4 *)(a.vc + ((int64_t)kvh * a.n_ctx + lo0) * hd);
+            const unsigned sk = (unsigned)__cvta_generic_to_shared(kv_pre);
+            for (int i = tid; i < n4; i += blockDim.x) {
+                cp_async16s(sk + 16u * (unsigned)i, K + i);
+                cp_async16s(sk + 16u * (unsigned)(span * h4 + i), V + i);
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        __shared__ float2 rot[MXC_HD_MAX / 2];
+        if constexpr (FUSE)
+            rot_make(a.qkv, pos, rot);
+        pdl_wait();
+        if (npre)
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();   /* the rows and the rotation, to every thread */
         __shared__ float hv[MXC_HD_MAX];
         if constexpr (FUSE)
-            qkv_head(a.qkv, t, h, hv, (float *)qs);
+            qkv_head(a.qkv, t, h, hv, (float *)qs, pos, rot);
         for (int sj = first; sj <= s1; sj += Z) {
             if constexpr (FUSE) {
                 if (pos >= sj * span && pos < sj * span + span) {
                     __syncthreads();
-                    qkv_head(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr);
+                    qkv_head(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
                 }
             }
             float *pj = a.part + (((int64_t)t * a.nh + h) * a.n_split + sj) * (hd + 2);
-            attend_split(a, h, t, max(sj * span, start), min(pos, sj * span + span - 1), pj, qs, sc, red);
+            attend_split(a, h, t, max(sj * span, start), min(pos, sj * span + span - 1), pj, qs, sc, red,
+                         sj == first ? kv_pre : nullptr, sj == first ? npre : 0);
             __syncthreads();   /* sc and red are the next split's */
         }
         pdl_trigger();
@@ -2614,8 +2694,19 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
         nz = min(nz, max(1, want));
     }
     dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)nz);
-    const int rc = a->fuse ? launch_k(k_attend<true>, grid, 256, 0, st, 1, *a)
-                           : launch_k(k_attend<false>, grid, 256, 0, st, 1, *a);
+    /* one token, heads up to ATT_PRE_HD: the first split's old rows copied
+     * before the wait (k_attend) */
+    mxc_att b = *a;
+    b.pre = a->cnt && g_att_pre && a->hd <= ATT_PRE_HD && a->hd % 4 == 0 && a->span <= MXC_ATT_SPAN_DECODE;
+    const size_t smem = b.pre ? (size_t)2 * MXC_ATT_SPAN_DECODE * ATT_PRE_HD * sizeof(float) : 0;
+    static int lifted;
+    if (smem && !lifted) {
+        cudaFuncSetAttribute(k_attend<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(k_attend<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        lifted = 1;
+    }
+    const int rc = a->fuse ? launch_k(k_attend<true>, grid, 256, smem, st, 1, b)
+                           : launch_k(k_attend<false>, grid, 256, smem, st, 1, b);
     if (rc || a->cnt)
         return rc;
     dim3 g2((unsigned)a->nh, (unsigned)a->T);
@@ -3351,6 +3442,186 @@ struct mv_walk {
     }
 };
 
+/* ---- the weights through shared memory (mv_ring) ---------------------------------
+ *
+ * mv_walk keeps a warp's next items in registers: one or two in flight a
+ * warp, about 2 KB, as many as the registers allow, and ncu had the
+ * streaming kernels' DRAM at a quarter of its peak with the warps waiting on
+ * the first use of a loaded word.  mv_ring copies the items by cp.async into
+ * a ring of D slots a warp in shared memory instead: D - 1 items in flight
+ * while one is summed (about 8-12 KB a warp), and the first D - 1 asked for
+ * before the kernel waits for its predecessor.  Each lane reads back only
+ * what it copied itself, so its own wait_group is all the synchronisation
+ * there is: no barrier.  A 16-bit scale or bias comes as the aligned 4-byte
+ * word that holds it (never outside the tensor blob: the word starts at or
+ * after the blob's 256-aligned start), and which half it is goes into a word
+ * of the slot the lane writes itself.  MLXCEL_CUDA_RING=0: mv_walk. */
+#ifndef MXC_RING_BYTES
+#define MXC_RING_BYTES 12288
+#endif
+template <int BITS, int R>
+struct ring_geom {
+    static constexpr int WB = BITS * 128;      /* a row's words in a slot: 16 bytes a lane per 4 bits */
+    static constexpr int SB = R * WB;          /* the scales' words, a lane's 4 bytes apart */
+    static constexpr int BB = SB + R * 128;    /* the biases' */
+    static constexpr int HB = BB + R * 128;    /* the lane's halves word: bit i for row i */
+    static constexpr int SLOT = HB + 128;
+    static constexpr int D0 = MXC_RING_BYTES / SLOT;
+    static constexpr int D = D0 < 2 ? 2 : D0 > 8 ? 8 : D0;
+    static constexpr int WARP_BYTES = D * SLOT;
+    static constexpr int BLOCK_BYTES = WARPS * WARP_BYTES;
+};
+
+/* The ring's bytes of a block, on the host (0 without the ring). */
+template <int BITS, int R, bool RING>
+__host__ __device__ constexpr size_t ring_bytes(void)
+{
+    if constexpr (RING)
+        return (size_t)ring_geom<BITS, R>::BLOCK_BYTES;
+    else
+        return 0;
+}
+
+/* A load's destination: one slot of a lane's ring. */
+template <int BITS, int R>
+struct ring_slot {
+    unsigned s;      /* the slot's shared-memory address */
+    int lane;
+    uint32_t half;   /* bit i: row i's scale and bias are the high half of their word */
+};
+
+__device__ __forceinline__ void cp_async4(unsigned s, const void *gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+/* load_chunk into a ring slot: the copies are issued, nothing waits. */
+template <int BITS, int DT, int R>
+__device__ __forceinline__ void load_chunk(const mxc_mat &m, int64_t r, int c, ring_slot<BITS, R> &st, int i)
+{
+    using G = ring_geom<BITS, R>;
+    static_assert(BITS == 4 || BITS == 8, "16-byte copies");
+    const int64_t nchm = m.cols >> 5;
+    const int gsh = __ffs(m.gs) - 6;
+    const uint32_t *wp = (const uint32_t *)m.w + r * nchm * BITS + (int64_t)c * BITS;
+#pragma unroll
+    for (int p = 0; p < BITS / 4; p++)
+        cp_async16s(st.s + i * G::WB + p * 512 + st.lane * 16, wp + 4 * p);
+    const int64_t gi = r * (nchm >> gsh) + (c >> gsh);
+    const unsigned so = st.s + G::SB + i * 128 + st.lane * 4, bo = st.s + G::BB + i * 128 + st.lane * 4;
+    if constexpr (DT == MXC_F32) {
+        cp_async4(so, (const float *)m.s + gi);
+        cp_async4(bo, (const float *)m.b + gi);
+    } else {
+        const int64_t ga = gi & ~(int64_t)1;
+        cp_async4(so, (const unsigned short *)m.s + ga);
+        cp_async4(bo, (const unsigned short *)m.b + ga);
+        st.half |= (uint32_t)(gi & 1) << i;
+    }
+}
+
+/* A slot back into registers, as load_chunk would have left them. */
+template <int BITS, int DT, int R>
+__device__ __forceinline__ void ring_read(const unsigned char *slot, int lane, mv_stage<BITS, R> &st)
+{
+    using G = ring_geom<BITS, R>;
+    const uint32_t half = *(const uint32_t *)(slot + G::HB + lane * 4);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+#pragma unroll
+        for (int p = 0; p < BITS / 4; p++) {
+            const uint4 v = *(const uint4 *)(slot + i * G::WB + p * 512 + lane * 16);
+            st.w[i][4 * p] = v.x, st.w[i][4 * p + 1] = v.y, st.w[i][4 * p + 2] = v.z, st.w[i][4 * p + 3] = v.w;
+        }
+        uint32_t sv = *(const uint32_t *)(slot + G::SB + i * 128 + lane * 4);
+        uint32_t bv = *(const uint32_t *)(slot + G::BB + i * 128 + lane * 4);
+        if constexpr (DT != MXC_F32) {
+            const int sh = (int)((half >> i) & 1u) * 16;
+            sv >>= sh;
+            bv >>= sh;
+        }
+        st.s[i] = sv;
+        st.b[i] = bv;
+    }
+}
+
+/* mv_walk's walk (the integer kernels) with the items through the ring:
+ * ring points at this warp's WARP_BYTES of shared memory. */
+template <int BITS, int R, class Src>
+struct mv_ring {
+    using G = ring_geom<BITS, R>;
+    unsigned char *ring;
+    unsigned sring;
+    int64_t lg, gstride, Gn;   /* the next item to load: group lg, step lk */
+    int lk, kc, nch, lane, head;
+    __device__ __forceinline__ mv_ring(int64_t g0, int64_t gs, int64_t g_end, int n, int ln, unsigned char *r)
+        : ring(r), sring((unsigned)__cvta_generic_to_shared(r)), lg(g0), gstride(gs), Gn(g_end), lk(0),
+          kc((n + 31) >> 5), nch(n), lane(ln), head(0) {}
+    /* one item's copies into slot head, as one commit group (empty past the end) */
+    __device__ __forceinline__ void load_next(Src &src)
+    {
+        if (lg < Gn) {
+            if (lk == 0)
+                src.locate(lg);
+            if (lk * 32 + lane < nch) {
+                ring_slot<BITS, R> sl{sring + (unsigned)(head * G::SLOT), lane, 0u};
+                src.load(lk * 32 + lane, sl);
+                *(uint32_t *)(ring + head * G::SLOT + G::HB + lane * 4) = sl.half;
+            }
+            if (++lk == kc) {
+                lk = 0;
+                lg += gstride;
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        head = head + 1 == G::D ? 0 : head + 1;
+    }
+    /* the first D - 1 items' copies: weights only, before the kernel
+     * waits for its predecessor */
+    __device__ __forceinline__ void prime(Src &src)
+    {
+#pragma unroll
+        for (int d = 0; d + 1 < G::D; d++)
+            load_next(src);
+    }
+    template <int DT, bool IX>
+    __device__ __forceinline__ void run(Src &src, int64_t g, const float *, const float *, const uint32_t *dg)
+    {
+        static_assert(IX, "the ring feeds the integer kernels");
+        int k = 0, tail = 0;
+        float acc[R];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] = 0.0f;
+        const uint32_t *dgi = g < Gn ? dg + src.xoff(g, nch) : dg;
+        while (g < Gn) {
+            load_next(src);
+            asm volatile("cp.async.wait_group %0;" ::"n"(G::D - 1) : "memory");
+            const int c = k * 32 + lane;
+            if (c < nch) {
+                mv_stage<BITS, R> st;
+                ring_read<BITS, DT, R>(ring + tail * G::SLOT, lane, st);
+                stage_idot<BITS, DT, R>(st, dgi + c * DS, acc);
+            }
+            if (++k == kc) {
+                float v[R];
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    v[i] = warp_sum(acc[i]);
+                    acc[i] = 0.0f;
+                }
+                src.store(g, v, lane);
+                k = 0;
+                g += gstride;
+                if (g < Gn)
+                    dgi = dg + src.xoff(g, nch);
+            }
+            tail = tail + 1 == G::D ? 0 : tail + 1;
+        }
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+};
+
 /* Up to 4 matrices against one x: groups of R consecutive rows of each. */
 template <int BITS, int DT, int R>
 struct mv_src {
@@ -3367,7 +3638,8 @@ struct mv_src {
     }
     __device__ __forceinline__ void locate(int64_t g) { where(g, li, lr0); }
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one x */
-    __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
+    template <class ST>
+    __device__ __forceinline__ void load(int c, ST &st)
     {
         const mxc_mat &m = mv.m[li];
 #pragma unroll
@@ -3423,6 +3695,16 @@ __device__ __forceinline__ void flag_wait(const int *f)
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
+/* A warp's walk: mv_ring (RING, over the warp's ring at r) or mv_walk. */
+template <class W, bool RING>
+__device__ __forceinline__ W make_walk(int64_t g0, int64_t gs, int64_t g_end, int n, int ln, unsigned char *r)
+{
+    if constexpr (RING)
+        return W(g0, gs, g_end, n, ln, r);
+    else
+        return W(g0, gs, g_end, n, ln);
+}
+
 /* A streaming kernel's input staged in shared memory: x itself or the
  * norm nin of the residual stream (has_nin), as floats with chunk sums
  * (xs, sums) or as digits (dg, IX). */
@@ -3445,19 +3727,22 @@ __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &n
 /* The streaming matvec as block blk of nblk: k_mvs, and the router blocks
  * of k_moe1r.  With cnt, the last of the nblk blocks to finish routes the
  * token (threadFenceReduction) and raises rt.ready when it is not NULL. */
-template <int BITS, int DT, int R, bool IX>
+template <int BITS, int DT, int R, bool IX, bool RING = false>
 __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int64_t G, int nch, const mxc_norm_in &nin,
                                            int has_nin, const mxc_route &rt, int *cnt, int blk, int nblk)
 {
     __shared__ int last;
     extern __shared__ float4 smem_f4[];
-    uint32_t *dg = (uint32_t *)smem_f4;
+    unsigned char *ring = (unsigned char *)smem_f4;   /* RING: the warps' rings first */
+    uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, R, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     pdl_go();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blk * WARPS + warp, gstride = (int64_t)nblk * WARPS;
     mv_src<BITS, DT, R> src(mv);
-    mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>> walk(g, gstride, G, nch, lane);
+    using Walk = std::conditional_t<RING, mv_ring<BITS, R, mv_src<BITS, DT, R>>,
+                                    mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>>>;
+    Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* weights only: nothing an earlier kernel writes */
     pdl_wait();
     stage_input<BITS, IX>(x, nin, has_nin, nch, xs, sums, dg);
@@ -3484,12 +3769,12 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     }
 }
 
-template <int BITS, int DT, int R, bool IX>
+template <int BITS, int DT, int R, bool IX, bool RING = false>
 __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
                                                    const __grid_constant__ mxc_norm_in nin, int has_nin,
                                                    const __grid_constant__ mxc_route rt, int *cnt)
 {
-    mvs_blocks<BITS, DT, R, IX>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
+    mvs_blocks<BITS, DT, R, IX, RING>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
 }
 
 /* mxc_matvec of 2 .. NT tokens (a batched decode step's rows) as k_mvs
@@ -3546,7 +3831,8 @@ struct moe1_src {
             j++;
         return (int64_t)((j - p.lo) / p.kp) * nch * DS;
     }
-    __device__ __forceinline__ void load(int c, mv_stage<BITS, 4> &st)
+    template <class ST>
+    __device__ __forceinline__ void load(int c, ST &st)
     {
         const mxc_mat &gm = sm[2 * (lj - p.lo)], &um = sm[2 * (lj - p.lo) + 1];
         load_chunk<BITS, DT, 4>(gm, lr, c, st, 0);
@@ -3564,20 +3850,23 @@ struct moe1_src {
     }
 };
 
-template <int BITS, int DT, bool IX, bool MT = false>
+template <int BITS, int DT, bool IX, bool MT = false, bool RING = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
     extern __shared__ float4 smem_f4[];
     const int nch = (int)(p.d >> 5);
-    uint32_t *dg = (uint32_t *)smem_f4;
+    unsigned char *ring = (unsigned char *)smem_f4;
+    uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, 4, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     pdl_enter();
     load_slots(p, sm, 0, 2);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
     moe1_src<BITS, DT, MT> src(p, sm);
-    mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT, MT>> walk(g, gstride, G, nch, lane);
+    using Walk = std::conditional_t<RING, mv_ring<BITS, 4, moe1_src<BITS, DT, MT>>,
+                                    mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT, MT>>>;
+    Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, 4, RING>() / WARPS : 0));
     walk.prime(src);   /* the first weights in flight while x is staged */
     if constexpr (IX && MT) {   /* a batched step's tokens, all of them (p.x rows d apart) */
         for (int t = 0; t < (p.hi - p.lo) / p.kp; t++)
@@ -3706,7 +3995,8 @@ struct moe2_src {
     __device__ moe2_src(const mxc_mat &mm, float *yy, int64_t d) : m(mm), y(yy), rows(d), lr0(0) {}
     __device__ __forceinline__ void locate(int64_t g) { lr0 = g * R; }
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one slot's h */
-    __device__ __forceinline__ void load(int c, mv_stage<BITS, R> &st)
+    template <class ST>
+    __device__ __forceinline__ void load(int c, ST &st)
     {
 #pragma unroll
         for (int i = 0; i < R; i++)
@@ -3722,30 +4012,41 @@ struct moe2_src {
     }
 };
 
-template <int BITS, int DT, int R, bool IX>
+template <int BITS, int DT, int R, bool IX, bool RING = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mxc_moe1 p)
 {
     __shared__ mxc_mat sm;
     extern __shared__ float4 smem_f4[];
-    pdl_enter();
-    if (p.ready && blockIdx.x == 0 && threadIdx.x == 0)   /* phase 1 has finished with it */
-        *p.ready = 0;
+    /* RING: the slot's down matrix and the first weights before the wait.
+     * The routes are two launches back (the router, then phase 1; never
+     * k_moe1r, whose phase 2 is not this variant): complete (pdl_trigger).
+     * p.ready is k_moe1r's alone. */
+    if constexpr (!RING) {
+        pdl_enter();
+        if (p.ready && blockIdx.x == 0 && threadIdx.x == 0)   /* phase 1 has finished with it */
+            *p.ready = 0;
+    }
     int j = p.lo;
     while ((int)blockIdx.x >= p.blk[j + 1])
         j++;
     const int nch = (p.off[j + 1] - p.off[j]) >> 5;
-    uint32_t *dg = (uint32_t *)smem_f4;
+    unsigned char *ring = (unsigned char *)smem_f4;
+    uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, R, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     if (threadIdx.x == 0)
-        sm = p.table[3 * p.P[j] + 2];
+        sm = p.table[3 * __ldcg(p.P + j) + 2];
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t G = (p.d + R - 1) / R;
     const int64_t g = (int64_t)(blockIdx.x - p.blk[j]) * WARPS + warp;
     const int64_t gstride = (int64_t)(p.blk[j + 1] - p.blk[j]) * WARPS;
     moe2_src<BITS, DT, R> src(sm, p.Y + (int64_t)j * p.d, p.d);
-    mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, moe2_src<BITS, DT, R>> walk(g, gstride, G, nch, lane);
+    using Walk = std::conditional_t<RING, mv_ring<BITS, R, moe2_src<BITS, DT, R>>,
+                                    mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, moe2_src<BITS, DT, R>>>;
+    Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* the first weights in flight while h is staged */
+    if constexpr (RING)
+        pdl_wait();
     if constexpr (IX)
         stage_digits<BITS>(p.h + p.off[j], 32, nch, dg);
     else
@@ -3804,9 +4105,12 @@ static int resident(const void *k, size_t smem)
     return n;
 }
 
-static size_t stage_bytes(int64_t cols, bool ix)
+/* Shared memory for a staged input of cols values: the digits (ix) and,
+ * unless ix && !xs (an input the digits are made of straight from global
+ * memory: phase 2's h), the floats and chunk sums. */
+static size_t stage_bytes(int64_t cols, bool ix, bool xs = true)
 {
-    return (size_t)(cols >> 5) * (XS + 1 + (ix ? DS : 0)) * sizeof(float);
+    return (size_t)(cols >> 5) * ((ix && !xs ? 0 : XS + 1) + (ix ? DS : 0)) * sizeof(float);
 }
 
 /* The streaming kernel's width and scale dtype for matrices ms[0..n), or 0
@@ -3822,19 +4126,20 @@ static int stream_bits(const mxc_mat *ms, int n)
     return bits;
 }
 
-template <int BITS, int DT, int R, bool IX>
+template <int BITS, int DT, int R, bool IX, bool RING>
 static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
                       const mxc_route *rt, int *cnt)
 {
     int64_t G = 0;
     for (int i = 0; i < mv->n; i++)
         G += (mv->m[i].rows + R - 1) / R;
-    const size_t smem = stage_bytes(mv->m[0].cols, IX);
-    const int64_t want = (G + WARPS - 1) / WARPS, fit = (int64_t)resident((const void *)k_mvs<BITS, DT, R, IX>, smem) * sm_count();
+    const size_t smem = ring_bytes<BITS, R, RING>() + stage_bytes(mv->m[0].cols, IX);
+    const int64_t want = (G + WARPS - 1) / WARPS,
+                  fit = (int64_t)resident((const void *)k_mvs<BITS, DT, R, IX, RING>, smem) * sm_count();
     const unsigned nb = (unsigned)(want < fit ? want : fit);
     const mxc_norm_in no_nin = {};
     const mxc_route no_rt = {};
-    return launch_k(k_mvs<BITS, DT, R, IX>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
+    return launch_k(k_mvs<BITS, DT, R, IX, RING>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
                     nin ? *nin : no_nin, nin ? 1 : 0, rt ? *rt : no_rt, rt ? cnt : (int *)nullptr);
 }
 
@@ -3850,20 +4155,22 @@ static int64_t mv_groups(const mxc_mv *mv, int R)
 /* launch_mvs with the most rows per warp (4, 2 or 1; 8-bit: 2 or 1) that
  * still gives three quarters of the resident blocks work: a short matrix
  * (o_proj, a router) spreads over more warps instead of leaving SMs idle. */
-template <int BITS, int DT, bool IX>
+template <int BITS, int DT, bool IX, bool RING = false>
 static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
                         const mxc_route *rt, int *cnt)
 {
     constexpr int RMAX = BITS == 4 ? 4 : 2;
-    const int64_t fit = (int64_t)resident((const void *)k_mvs<BITS, DT, RMAX, IX>, stage_bytes(mv->m[0].cols, IX)) * sm_count();
+    const int64_t fit = (int64_t)resident((const void *)k_mvs<BITS, DT, RMAX, IX, RING>,
+                                        ring_bytes<BITS, RMAX, RING>() + stage_bytes(mv->m[0].cols, IX)) *
+                        sm_count();
     const int64_t enough = fit * 3 / 4;
     if constexpr (RMAX == 4) {
         if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
-            return launch_mvs<BITS, DT, 4, IX>(st, mv, x, nin, rt, cnt);
+            return launch_mvs<BITS, DT, 4, IX, RING>(st, mv, x, nin, rt, cnt);
     }
     if ((mv_groups(mv, 2) + WARPS - 1) / WARPS >= enough)
-        return launch_mvs<BITS, DT, 2, IX>(st, mv, x, nin, rt, cnt);
-    return launch_mvs<BITS, DT, 1, IX>(st, mv, x, nin, rt, cnt);
+        return launch_mvs<BITS, DT, 2, IX, RING>(st, mv, x, nin, rt, cnt);
+    return launch_mvs<BITS, DT, 1, IX, RING>(st, mv, x, nin, rt, cnt);
 }
 
 int mxc_stream_ok(const mxc_mat *ms, int n)
@@ -3886,8 +4193,9 @@ static int matvec_stream(cudaStream_t st, const mxc_mv *mv, const float *x, cons
     const int dt = mv->m[0].dt;
 #define MXC_MVS(B, D) \
     if (bits == B && dt == D) \
-        return g_idot ? launch_mvs_r<B, D, true>(st, mv, x, nin, rt, cnt) \
-                      : launch_mvs_r<B, D, false>(st, mv, x, nin, rt, cnt);
+        return !g_idot ? launch_mvs_r<B, D, false>(st, mv, x, nin, rt, cnt)     \
+               : g_ring ? launch_mvs_r<B, D, true, true>(st, mv, x, nin, rt, cnt) \
+                        : launch_mvs_r<B, D, true>(st, mv, x, nin, rt, cnt);
     MXC_MVS(4, MXC_F16) MXC_MVS(4, MXC_BF16) MXC_MVS(4, MXC_F32)
     MXC_MVS(8, MXC_F16) MXC_MVS(8, MXC_BF16) MXC_MVS(8, MXC_F32)
 #undef MXC_MVS
@@ -3914,33 +4222,37 @@ static int share_blocks(mxc_moe1 *q, int64_t nb, int R)
 
 /* Phase 2 of the streaming kernels: the most rows per warp that keeps
  * three quarters of the resident blocks busy. */
-template <int BITS, int DT, bool IX>
+template <int BITS, int DT, bool IX, bool RING = false>
 static int launch_moe2_s(cudaStream_t st, const mxc_moe1 *p)
 {
     mxc_moe1 q = *p;
     int64_t widest = 0;
     for (int j = q.lo; j < q.hi; j++)
         widest = q.off[j + 1] - q.off[j] > widest ? q.off[j + 1] - q.off[j] : widest;
-    const size_t smem2 = stage_bytes(widest, IX);
     constexpr int RMAX = BITS == 4 ? 4 : 2;
-    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX>, smem2) * sm_count();
+    const size_t smem2 = ring_bytes<BITS, RMAX, RING>() + stage_bytes(widest, IX, !IX);
+    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX, RING>, smem2) * sm_count();
     /* resident() on the variant launched too: it lifts that kernel's
      * shared-memory limit past 48 KB (a slot wider than about 6000 rows,
      * a wide dense MLP, staged more than that and its launch failed) */
     if constexpr (RMAX == 4) {
         if (share_blocks(&q, nb, 4) >= nb * 3 / 4)
-            return launch_k(k_moe2s<BITS, DT, 4, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+            return launch_k(k_moe2s<BITS, DT, 4, IX, RING>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
     }
+    /* (the blocks an SM of RMAX's variant share the slots out; the narrower
+     * variants' rings differ in size, each launch lifts its own limit) */
+    const size_t s2 = ring_bytes<BITS, 2, RING>() + stage_bytes(widest, IX, !IX);
     if (share_blocks(&q, nb, 2) >= nb * 3 / 4) {
-        resident((const void *)k_moe2s<BITS, DT, 2, IX>, smem2);
-        return launch_k(k_moe2s<BITS, DT, 2, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+        resident((const void *)k_moe2s<BITS, DT, 2, IX, RING>, s2);
+        return launch_k(k_moe2s<BITS, DT, 2, IX, RING>, (unsigned)q.blk[q.hi], THREADS, s2, st, 1, q);
     }
+    const size_t s1 = ring_bytes<BITS, 1, RING>() + stage_bytes(widest, IX, !IX);
     share_blocks(&q, nb, 1);
-    resident((const void *)k_moe2s<BITS, DT, 1, IX>, smem2);
-    return launch_k(k_moe2s<BITS, DT, 1, IX>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
+    resident((const void *)k_moe2s<BITS, DT, 1, IX, RING>, s1);
+    return launch_k(k_moe2s<BITS, DT, 1, IX, RING>, (unsigned)q.blk[q.hi], THREADS, s1, st, 1, q);
 }
 
-template <int BITS, int DT, bool IX>
+template <int BITS, int DT, bool IX, bool RING = false>
 static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
 {
     /* phase 1 over every slot's h rows */
@@ -3956,11 +4268,13 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
                       fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, true>, smem1) * sm_count();
         rc = launch_k(k_moe1s<BITS, DT, IX, true>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, *p, G1);
     } else {
+        smem1 += ring_bytes<BITS, 4, RING>();
         const int64_t want = (G1 + WARPS - 1) / WARPS,
-                      fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX>, smem1) * sm_count();
-        rc = launch_k(k_moe1s<BITS, DT, IX>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, *p, G1);
+                      fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, false, RING>, smem1) * sm_count();
+        rc = launch_k(k_moe1s<BITS, DT, IX, false, RING>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1,
+                      *p, G1);
     }
-    return rc ? rc : launch_moe2_s<BITS, DT, IX>(st, p);
+    return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, p);
 }
 
 template <int BITS, int DT, int RB>
@@ -4040,7 +4354,9 @@ int mxc_moe_stream(cudaStream_t st, const mxc_moe1 *p, int dt)
             return (int)cudaErrorInvalidValue;
 #define MXC_MOES(B, D) \
     if (bits == B && dt == D) \
-        return g_idot ? launch_moe_s<B, D, true>(st, p) : launch_moe_s<B, D, false>(st, p);
+        return !g_idot ? launch_moe_s<B, D, false>(st, p)           \
+               : g_ring && !p->kp ? launch_moe_s<B, D, true, true>(st, p) \
+                                  : launch_moe_s<B, D, true>(st, p);
     MXC_MOES(4, MXC_F16) MXC_MOES(4, MXC_BF16) MXC_MOES(4, MXC_F32)
     MXC_MOES(8, MXC_F16) MXC_MOES(8, MXC_BF16) MXC_MOES(8, MXC_F32)
 #undef MXC_MOES
@@ -4129,4 +4445,82 @@ out:
     cudaFree(b);
     cudaGetLastError();
     return res;
+}
+
+/* ---- greedy decoding on the GPU -----------------------------------------------------
+ *
+ * mx_argmax's answer (the first index of the largest value; a NaN never
+ * wins, and a NaN at index 0 is never beaten) as a grid: each block the
+ * best (value, index) of its stride with NaN read as -inf and ties to the
+ * lower index, then the last block to finish (threadFenceReduction) the
+ * best of the blocks.  -inf as a key: when no value beats -inf the answer
+ * is index 0 (its key is -inf whatever it holds), as mx_argmax's.  The
+ * winner becomes the next step's token and position (a.tok, a.pos += 1)
+ * and goes into the ring of ids the host copies back. */
+__device__ __forceinline__ void am_take(float &bv, int &bi, float v, int i)
+{
+    if (v > bv || (v == bv && i < bi))
+        bv = v, bi = i;
+}
+
+__device__ __forceinline__ void am_warp(float &bv, int &bi)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        am_take(bv, bi, ov, oi);
+    }
+}
+
+__global__ void __launch_bounds__(256) k_argmax(const __grid_constant__ mxc_argmax a)
+{
+    __shared__ float sv[8];
+    __shared__ int si[8], last;
+    pdl_enter();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += gridDim.x * blockDim.x) {
+        const float v = __ldcg(a.x + i);
+        am_take(bv, bi, v != v ? -INFINITY : v, i);
+    }
+    am_warp(bv, bi);
+    if (lane == 0)
+        sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            am_take(bv, bi, sv[w], si[w]);
+        a.pv[blockIdx.x] = bv;
+        a.pi[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(a.cnt, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || warp)
+        return;
+    __threadfence();
+    bv = -INFINITY;
+    bi = INT_MAX;
+    for (int b = lane; b < (int)gridDim.x; b += 32)
+        am_take(bv, bi, __ldcg(a.pv + b), __ldcg(a.pi + b));
+    am_warp(bv, bi);
+    if (lane == 0) {
+        const float x0 = __ldcg(a.x);
+        const int id = x0 != x0 || bi == INT_MAX ? 0 : bi;
+        *a.tok = id;
+        *a.pos += 1;
+        const int k = *a.n_ids;
+        a.ids[k % a.ring] = id;
+        *a.n_ids = k + 1;
+        *a.cnt = 0;
+    }
+}
+
+int mxc_argmax_run(cudaStream_t st, const mxc_argmax *a)
+{
+    if (a->n < 1 || a->blocks < 1 || a->blocks > MXC_ARGMAX_BLOCKS || a->ring < 1)
+        return (int)cudaErrorInvalidValue;
+    return launch_k(k_argmax, (unsigned)a->blocks, 256, 0, st, 1, *a);
 }

@@ -28,6 +28,12 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
     return mx_fail(e, MX_EUNSUPPORTED, "this build has no CUDA backend");
 }
 
+int mx_cuda_argmax(const float *x, int n, int32_t *id, mx_err *e)
+{
+    (void)x, (void)n, (void)id;
+    return mx_fail(e, MX_EUNSUPPORTED, "this build has no CUDA backend");
+}
+
 double mx_cuda_membw_probe(size_t bytes, int reps)
 {
     (void)bytes, (void)reps;

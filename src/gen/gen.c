@@ -194,6 +194,37 @@ void mx_session_free(mx_session *s)
 
 void mx_session_reset(mx_session *s) { mx_seq_reset(s->seq); }
 
+int mx_decode_greedy(mx_model *m, mx_seq *s, int32_t first, int n, int32_t *ids, mx_err *e)
+{
+    if (n <= 0)
+        return mx_fail(e, MX_EINVAL, "decode: %d steps", n);
+    if (s->m != m)
+        return mx_fail(e, MX_EINVAL, "decode: sequence belongs to another model");
+    if (first < 0 || first >= m->vocab)
+        return mx_fail(e, MX_ERANGE, "decode: token id %d outside the vocabulary of %d", (int)first, m->vocab);
+    if (s->pos + n > s->n_ctx)
+        return mx_fail(e, MX_ERANGE, "context full: %d tokens in the cache + %d new > context size %d", s->pos, n,
+                       s->n_ctx);
+    if (m->backend && m->backend->greedy) {
+        int rc = m->backend->greedy(m->backend_ctx, s, first, n, ids, e);
+        if (rc >= 0) {
+            if (!rc)
+                s->pos += n;
+            return rc;
+        }
+    }
+    float *logits = malloc(sizeof(float) * (size_t)m->vocab);
+    if (!logits)
+        return mx_fail(e, MX_ENOMEM, "decode: out of memory for the logits");
+    int rc = MX_OK;
+    int32_t id = first;
+    for (int i = 0; i < n && !rc; i++)
+        if (!(rc = mx_forward(m, s, &id, 1, logits, NULL, e)))
+            id = ids[i] = mx_argmax(logits, m->vocab);
+    free(logits);
+    return rc;
+}
+
 /* Runs ids through the model, recording them as cached. */
 static int feed(mx_engine *g, mx_session *s, const int32_t *ids, int n, float *logits, mx_err *e)
 {

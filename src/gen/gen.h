@@ -126,6 +126,14 @@ typedef int (*mx_gen_cb)(void *ud, int32_t id, const char *text, size_t len);
 int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt,
                 const mx_gen_opts *o, mx_gen_cb cb, void *ud, mx_gen_stats *st, mx_err *e);
 
+/* n greedy steps of sequence s from token `first` (fed at s->pos): ids[i]
+ * is mx_argmax of the logits after feeding `first` (i = 0) or ids[i - 1];
+ * s->pos advances by n.  A device that can (CUDA: the argmax on the GPU,
+ * the steps launched back to back) runs them without a round trip to the
+ * host per token; otherwise one mx_forward and mx_argmax a step.  No
+ * sampling, penalties, grammar or stops: `bench`'s decode. */
+int mx_decode_greedy(mx_model *m, mx_seq *s, int32_t first, int n, int32_t *ids, mx_err *e);
+
 /* The same generation, one step at a time, for callers that interleave
  * several requests (the server batches the decode steps of all active
  * requests into one mx_forward_batch):

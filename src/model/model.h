@@ -131,6 +131,11 @@ typedef struct mx_backend {
     const char *name;
     int (*forward)(void *ctx, struct mx_seq *s, const int32_t *tokens, int n, float *logits,
                    const struct mx_forward_trace *trace, mx_err *e);
+    /* n greedy steps from token `first` at s->pos (mx_decode_greedy: the
+     * arguments checked, the position not yet advanced); ids[i] the argmax
+     * after step i.  NULL, or -1 returned: the caller steps through
+     * forward. */
+    int (*greedy)(void *ctx, struct mx_seq *s, int32_t first, int n, int32_t *ids, mx_err *e);
     void (*seq_free)(void *ctx, struct mx_seq *s);
     void (*free)(void *ctx);
     /* One decode step of n sequences, token i appended to seqs[i] at its
