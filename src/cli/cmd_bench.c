@@ -30,7 +30,9 @@ static void help(FILE *f)
 {
     fprintf(f, "usage: mlxcel bench -m DIR [-p N] [-n N] [-r N] [-c N] [--batch N] [--compare-fused] [--json] [-t N]\n\n"
                "Measures prefill of an N-token prompt and decode of N tokens (greedy, random prompt ids),\n"
-               "after a warm-up that is not counted; reports min/median/max over the repeats.\n\n"
+               "after a warm-up that is not counted; reports min/median/max over the repeats.  Decode\n"
+               "takes the argmax on the GPU with --device cuda (the steps back to back, as llama-bench's\n"
+               "tg does not sample at all; MLXCEL_CUDA_GREEDY=0: on the host, as generate samples).\n\n"
                "  -p, --prompt N      prompt tokens (default 128)\n"
                "  -n, --gen N         decoded tokens per repeat (default 64)\n"
                "  -r, --repeats N     repeats (default 3)\n"
