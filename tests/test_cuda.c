@@ -541,6 +541,16 @@ static void wide_linears(int64_t rows)
     free(w), free(X), free(ref), free(got), free(packed), free(sc), free(bi);
 }
 
+/* The checkpoint in dir loaded twice (to compare two devices or two
+ * settings); 0 when either load failed (counted as a failure). */
+static int load_two(const char *dir, mx_model **a, mx_model **b)
+{
+    mx_err e = {0};
+    CHECK_OK(mx_model_load(dir, a, &e), &e);
+    CHECK_OK(mx_model_load(dir, b, &e), &e);
+    return *a && *b;
+}
+
 /* GPU vs CPU on the trained demo model: prompts of n tokens, then steps
  * greedy tokens, logits within 1e-3 and the same greedy ids. */
 /* The checkpoint in dir (named name in messages) on the GPU against the
@@ -550,9 +560,7 @@ static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int 
 {
     mx_err e = {0};
     mx_model *cpu = NULL, *gpu = NULL;
-    CHECK_OK(mx_model_load(dir, &cpu, &e), &e);
-    CHECK_OK(mx_model_load(dir, &gpu, &e), &e);
-    if (!cpu || !gpu)
+    if (!load_two(dir, &cpu, &gpu))
         goto out;
     /* window > 0: every layer attends to its last `window` positions (the
      * one-token attention's splits then start inside the window, or are
@@ -609,9 +617,7 @@ static void kjv_router(const char *dir)
 {
     mx_err e = {0};
     mx_model *a = NULL, *b = NULL;
-    CHECK_OK(mx_model_load(dir, &a, &e), &e);
-    CHECK_OK(mx_model_load(dir, &b, &e), &e);
-    if (!a || !b)
+    if (!load_two(dir, &a, &b))
         goto out;
     setenv("MLXCEL_CUDA_MOE_ROUTER", "1", 1);
     CHECK_OK(mx_device_select(a, "cuda", &e), &e);
@@ -728,9 +734,7 @@ static void greedy_vs_cpu(const char *dir)
 {
     mx_err e = {0};
     mx_model *cpu = NULL, *gpu = NULL;
-    CHECK_OK(mx_model_load(dir, &cpu, &e), &e);
-    CHECK_OK(mx_model_load(dir, &gpu, &e), &e);
-    if (!cpu || !gpu)
+    if (!load_two(dir, &cpu, &gpu))
         goto out;
     CHECK_OK(mx_device_select(gpu, "cuda", &e), &e);
     enum { NP = 5, N = 24 };

@@ -3320,6 +3320,20 @@ __device__ __forceinline__ void stage_idot(const mv_stage<BITS, R> &st, const ui
     }
 }
 
+/* The end of a warp's group: its R sums reduced over the warp and stored
+ * (src.store), the accumulators cleared for the next group. */
+template <int R, class Src>
+__device__ __forceinline__ void group_done(Src &src, int64_t g, float *acc, int lane)
+{
+    float v[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        v[i] = warp_sum(acc[i]);
+        acc[i] = 0.0f;
+    }
+    src.store(g, v, lane);
+}
+
 /* The walk of one warp over its items: groups g0, g0 + gstride, ... < G,
  * each of ceil(nch / 32) steps (lane takes chunk 32 k + lane of step k).
  * PD items' loads are in flight ahead of the one being summed: with few
@@ -3377,13 +3391,7 @@ struct mv_walk {
                     stage_dot<BITS, DT, R>(st[0], xs + c * XS, sums[c], acc);
             }
             if (++k == kc) {
-                float v[R];
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    v[i] = warp_sum(acc[i]);
-                    acc[i] = 0.0f;
-                }
-                src.store(g, v, lane);
+                group_done<R>(src, g, acc, lane);
                 k = 0;
                 g += gstride;
                 if (g < G)
@@ -3604,13 +3612,7 @@ struct mv_ring {
                 stage_idot<BITS, DT, R>(st, dgi + c * DS, acc);
             }
             if (++k == kc) {
-                float v[R];
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    v[i] = warp_sum(acc[i]);
-                    acc[i] = 0.0f;
-                }
-                src.store(g, v, lane);
+                group_done<R>(src, g, acc, lane);
                 k = 0;
                 g += gstride;
                 if (g < Gn)
