@@ -775,6 +775,32 @@ static void greedy_vs_cpu(const char *dir)
     }
     unsetenv("MLXCEL_CUDA_GREEDY");
     unsetenv("MLXCEL_FUSED_MOE");
+    /* past the ring of ids the host copies back every 1 024 steps: 1 100
+     * steps against the host's argmax of the same GPU logits (the same
+     * graph's kernels, so the same ids exactly, near ties or not) */
+    {
+        enum { L = 1100 };
+        int32_t *g1 = malloc(sizeof(int32_t) * L), *g2 = malloc(sizeof(int32_t) * L);
+        mx_seq *s1 = NULL, *s2 = NULL;
+        CHECK_OK(mx_seq_new(gpu, NP + L + 2, &s1, &e), &e);
+        CHECK_OK(mx_seq_new(gpu, NP + L + 2, &s2, &e), &e);
+        if (g1 && g2 && s1 && s2) {
+            CHECK_OK(mx_forward(gpu, s1, prompt, NP - 1, NULL, NULL, &e), &e);
+            CHECK_OK(mx_forward(gpu, s2, prompt, NP - 1, NULL, NULL, &e), &e);
+            CHECK_OK(mx_decode_greedy(gpu, s1, prompt[NP - 1], L, g1, &e), &e);
+            setenv("MLXCEL_CUDA_GREEDY", "0", 1);
+            CHECK_OK(mx_decode_greedy(gpu, s2, prompt[NP - 1], L, g2, &e), &e);
+            unsetenv("MLXCEL_CUDA_GREEDY");
+            int same = 0;
+            while (same < L && g1[same] == g2[same])
+                same++;
+            CHECKF(same == L && s1->pos == s2->pos, "kjv-moe: %d greedy steps: id %d differs between the GPU's "
+                   "argmax and the host's (positions %d, %d)", L, same, s1->pos, s2->pos);
+        }
+        mx_seq_free(s1);
+        mx_seq_free(s2);
+        free(g1), free(g2);
+    }
     free(a), free(b);
 out:
     mx_model_free(cpu);
