@@ -1843,18 +1843,31 @@ static int cu_greedy(void *ctx, mx_seq *s, int32_t first, int n, int32_t *ids, m
     cu_seq *q = seq_state(c, s, e);
     if (!q)
         return e->code;
-    if (!c->am.pv) {
+    if (!c->h_ids) {   /* the first greedy call: the argmax's scratch */
+        mxc_argmax am = {.ring = GREEDY_RING};
+        int32_t *h_ids = NULL;
         int nsm = 0;   /* a block an SM: a few values a thread */
-        CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
-        c->am.blocks = nsm < 1 ? 1 : nsm > MXC_ARGMAX_BLOCKS ? MXC_ARGMAX_BLOCKS : nsm;
-        c->am.ring = GREEDY_RING;
-        CK(dalloc(&c->am.pv, sizeof(float) * MXC_ARGMAX_BLOCKS));
-        CK(dalloc(&c->am.pi, sizeof(int) * MXC_ARGMAX_BLOCKS));
-        CK(dalloc(&c->am.cnt, 2 * sizeof(int)));   /* the counter, then n_ids */
-        CK(cudaMemset(c->am.cnt, 0, 2 * sizeof(int)));
-        c->am.n_ids = c->am.cnt + 1;
-        CK(dalloc(&c->am.ids, sizeof(int32_t) * GREEDY_RING));
-        CK(cudaMallocHost((void **)&c->h_ids, sizeof(int32_t) * GREEDY_RING));
+        cudaError_t ce = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
+        am.blocks = nsm < 1 ? 1 : nsm > MXC_ARGMAX_BLOCKS ? MXC_ARGMAX_BLOCKS : nsm;
+        if (ce == cudaSuccess)
+            ce = dalloc(&am.pv, sizeof(float) * MXC_ARGMAX_BLOCKS);
+        if (ce == cudaSuccess)
+            ce = dalloc(&am.pi, sizeof(int) * MXC_ARGMAX_BLOCKS);
+        if (ce == cudaSuccess)
+            ce = dalloc(&am.cnt, 2 * sizeof(int));   /* the counter, then n_ids */
+        if (ce == cudaSuccess)
+            ce = cudaMemset(am.cnt, 0, 2 * sizeof(int));
+        if (ce == cudaSuccess)
+            ce = dalloc(&am.ids, sizeof(int32_t) * GREEDY_RING);
+        if (ce == cudaSuccess)
+            ce = cudaMallocHost((void **)&h_ids, sizeof(int32_t) * GREEDY_RING);
+        if (ce != cudaSuccess) {
+            cudaFree(am.pv), cudaFree(am.pi), cudaFree(am.cnt), cudaFree(am.ids);
+            return cu_fail(e, ce, "greedy decoding's scratch");
+        }
+        am.n_ids = am.cnt + 1;
+        c->am = am;
+        c->h_ids = h_ids;
     }
     if (s->pos == 0 && q->state)
         CK(cudaMemsetAsync(q->state, 0, sizeof(float) * q->soff[c->m->n_layers], c->st));
