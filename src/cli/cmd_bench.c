@@ -160,8 +160,9 @@ static void ranks_json(cJSON *o, const rank_sums *rs, const mx_model *m)
 /* Decodes n tokens from position `pos` (the prompt already in the cache),
  * returning tok/s: greedy steps through mx_decode_greedy (on a GPU the
  * argmax there, no round trip to the host a token; MLXCEL_CUDA_GREEDY=0
- * takes the host's, as generate does).  A recurrent state cannot be rewound to the prompt's
- * end: such a model feeds the prompt again first (not timed). */
+ * takes the host's, as generate does).  A recurrent state cannot be
+ * rewound to the prompt's end: such a model feeds the prompt again first
+ * (not timed). */
 static int decode_run(mx_model *m, mx_seq *s, const int32_t *prompt, int pos, int32_t first, int n,
                       double *tok_s, mx_err *e)
 {

@@ -128,7 +128,8 @@ int mx_generate(mx_engine *g, mx_session *s, const int32_t *prompt, int n_prompt
 
 /* n greedy steps of sequence s from token `first` (fed at s->pos): ids[i]
  * is mx_argmax of the logits after feeding `first` (i = 0) or ids[i - 1];
- * s->pos advances by n.  A device that can (CUDA: the argmax on the GPU,
+ * s->pos advances by n (after an error: by the steps the CPU completed,
+ * or not at all on a GPU, whose cache past s->pos is then overwritten).  A device that can (CUDA: the argmax on the GPU,
  * the steps launched back to back) runs them without a round trip to the
  * host per token; otherwise one mx_forward and mx_argmax a step.  No
  * sampling, penalties, grammar or stops: `bench`'s decode. */
