@@ -737,7 +737,10 @@ static void greedy_vs_cpu(const char *dir)
     if (!load_two(dir, &cpu, &gpu))
         goto out;
     CHECK_OK(mx_device_select(gpu, "cuda", &e), &e);
-    enum { NP = 5, N = 24 };
+    /* N: the steps of each half, past position 64 (a second split, so the
+     * captured attention's blocks a head change between launches);
+     * CTX: a context whose splits are mostly empty */
+    enum { NP = 5, N = 40, CTX = 2048 };
     const int V = cpu->vocab;
     const int32_t prompt[NP] = {11, 200, 3000, 45, 7};
     int32_t want[4 * N], got[N];
@@ -748,8 +751,8 @@ static void greedy_vs_cpu(const char *dir)
         if (mode == 2)
             setenv("MLXCEL_FUSED_MOE", "0", 1);
         mx_seq *sc = NULL, *sg = NULL;
-        CHECK_OK(mx_seq_new(cpu, NP + 2 * N + 2, &sc, &e), &e);
-        CHECK_OK(mx_seq_new(gpu, NP + 2 * N + 2, &sg, &e), &e);
+        CHECK_OK(mx_seq_new(cpu, CTX, &sc, &e), &e);
+        CHECK_OK(mx_seq_new(gpu, CTX, &sg, &e), &e);
         CHECK_OK(mx_forward(cpu, sc, prompt, NP - 1, NULL, NULL, &e), &e);
         CHECK_OK(mx_forward(gpu, sg, prompt, NP - 1, NULL, NULL, &e), &e);
         int32_t id = prompt[NP - 1];
@@ -844,6 +847,11 @@ int main(void)
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100, 2048);
         unsetenv("MLXCEL_CUDA_ATT_BLOCKS");
+        /* captured steps across splits' ends (positions 120 .. 200: the
+         * blocks a head follow the position, mxc_att_fit_pos), with and
+         * without a window */
+        gpu_vs_cpu(dir, "kjv-moe", 120, 80, 0, 2048);
+        gpu_vs_cpu(dir, "kjv-moe", 120, 80, 100, 2048);
         kjv_batch(dir);
         kjv_router(dir);
     } else {

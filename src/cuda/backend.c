@@ -112,6 +112,8 @@ typedef struct cu_seq {
     size_t *soff;                /* [n_layers + 1] floats into state */
     cudaGraphExec_t graph[2];    /* one-token step: gather, fused */
     cudaGraphExec_t ggraph[2];   /* a greedy step (cu_greedy): the same, then the argmax */
+    cudaGraph_t src[2], gsrc[2]; /* what they were instantiated from (their attention nodes are updated) */
+    mxc_att_fit fit[2], gfit[2]; /* their one-token attention launches, fitted to the position (mxc_att_fit_pos) */
 } cu_seq;
 
 typedef struct cu_ctx {
@@ -731,6 +733,12 @@ static void seq_state_free(cu_seq *q)
             cudaGraphExecDestroy(q->graph[i]);
         if (q->ggraph[i])
             cudaGraphExecDestroy(q->ggraph[i]);
+        if (q->src[i])
+            cudaGraphDestroy(q->src[i]);
+        if (q->gsrc[i])
+            cudaGraphDestroy(q->gsrc[i]);
+        mxc_att_fit_free(&q->fit[i]);
+        mxc_att_fit_free(&q->gfit[i]);
     }
     cudaFree(q->k);
     cudaFree(q->v);
@@ -810,6 +818,7 @@ typedef struct call {
     int last_pos;                /* the furthest position of the call */
     int fused;                   /* MLXCEL_FUSED_MOE */
     int graph;                   /* being captured: nothing may wait for the GPU */
+    mxc_att_fit *fit;            /* being captured: where the one-token attention launches are recorded */
     const mx_forward_trace *tr;
     /* a batched decode step: token t is the next token of sequence seqs[t]
      * (its own cache and position); NULL: the T tokens are q's */
@@ -982,7 +991,7 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
         KL(mxc_qkv_post(c->st, &p));
     mxc_att at = {.qr = p.qr, .kc = kc, .vc = vc, .n_ctx = sq->n_ctx, .pos = p.pos, .T = T,
                   .nh = a->n_heads, .nkv = a->n_kv, .hd = a->head_dim, .window = a->window,
-                  .scale = a->scale, .out = b->att + r * (size_t)a->q_dim};
+                  .scale = a->scale, .out = b->att + r * (size_t)a->q_dim, .hpos = -1};
     if (T == 1) {   /* the sequence's partials cover its whole context (graphs replay at any position) */
         at.part = sq->part;
         at.cnt = c->att_cnt;
@@ -991,6 +1000,8 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
         at.qkv = p;
         at.span = MXC_ATT_SPAN_DECODE;
         at.n_split = k->graph ? sq->n_split : (last_pos + at.span) / at.span;
+        at.hpos = k->graph ? -1 : last_pos;
+        at.fit = k->graph ? k->fit : NULL;
     } else {
         at.tile = c->att_tile;
         at.span = MXC_ATT_SPAN_PROMPT;
@@ -1731,7 +1742,9 @@ static int capture_step(cu_ctx *c, cu_seq *q, int fused, int greedy, mx_err *e)
 {
     const mx_model *m = c->m;
     cu_buf *b = &c->dec;
-    call k = {.c = c, .q = q, .b = b, .T = 1, .last_pos = q->n_ctx - 1, .fused = fused, .graph = 1};
+    mxc_att_fit *fit = greedy ? &q->gfit[fused] : &q->fit[fused];
+    mxc_att_fit_free(fit);
+    call k = {.c = c, .q = q, .b = b, .T = 1, .last_pos = q->n_ctx - 1, .fused = fused, .graph = 1, .fit = fit};
     cudaGraph_t g = NULL;
     CK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
     cudaError_t ce = cudaSuccess;
@@ -1762,7 +1775,11 @@ static int capture_step(cu_ctx *c, cu_seq *q, int fused, int greedy, mx_err *e)
         if (ce != cudaSuccess)
             rc = cu_fail(e, ce, "cudaGraphInstantiate");
     }
-    if (g)
+    /* the graph stays while its executable one does: mxc_att_fit_pos
+     * names the attention nodes by it */
+    if (!rc)
+        *(greedy ? &q->gsrc[fused] : &q->src[fused]) = g;
+    else if (g)
         cudaGraphDestroy(g);
     cudaGetLastError();
     return rc;
@@ -1797,6 +1814,7 @@ static int cu_forward(void *ctx, mx_seq *s, const int32_t *tokens, int n, float 
             if (rc)
                 return rc;
         }
+        KL(mxc_att_fit_pos(q->graph[fused], &q->fit[fused], s->pos));
         CK(cudaGraphLaunch(q->graph[fused], c->st));
         CK(cudaStreamSynchronize(c->st));
         count_step(c, fused);
@@ -1885,6 +1903,7 @@ static int cu_greedy(void *ctx, mx_seq *s, int32_t first, int n, int32_t *ids, m
     for (int i0 = 0; i0 < n; i0 += GREEDY_RING) {
         const int k = n - i0 < GREEDY_RING ? n - i0 : GREEDY_RING;
         for (int i = 0; i < k; i++) {
+            KL(mxc_att_fit_pos(q->ggraph[fused], &q->gfit[fused], s->pos + i0 + i));
             CK(cudaGraphLaunch(q->ggraph[fused], c->st));
             count_step(c, fused);
         }

@@ -242,9 +242,29 @@ typedef struct mxc_att {
     int fuse;                    /* T = 1: the blocks do qkv's work themselves (no mxc_qkv_post launch) */
     int pre;                     /* set by mxc_attend: one token's first split's old K/V rows copied before the wait */
     int tile;                    /* T > 1: query tiles over key tiles (one launch, part unused) */
+    int hpos;                    /* T = 1 outside a graph: the position (blocks only for the splits in use); else -1 */
+    struct mxc_att_fit *fit;     /* host: a step being captured records its one-token launch here */
     mxc_qkv qkv;
 } mxc_att;
 int mxc_attend(cudaStream_t st, const mxc_att *a);
+
+/* One token's attention in a captured step: the graph replays at any
+ * position, so its launch was captured with blocks for the sequence's
+ * whole context, and blocks without a split to take still cost (the qwen1.5
+ * synth at a context of 4 096 and 166 positions: 599 tok/s against 647
+ * with a block for each split in use; docs/cuda.md).  While capturing,
+ * mxc_attend records each such launch in a.fit (the node, its arguments,
+ * its blocks a head); before each launch of the executable graph x at
+ * position pos, mxc_att_fit_pos gives every recorded launch as many blocks
+ * a head as pos has splits, up to the captured count, changing only the
+ * nodes whose count changes (launches already queued keep theirs).  The
+ * graph x was instantiated from must live as long as x. */
+typedef struct mxc_att_fit {
+    int n, cap;
+    struct mxc_att_node *v;
+} mxc_att_fit;
+int mxc_att_fit_pos(cudaGraphExec_t x, mxc_att_fit *f, int pos);
+void mxc_att_fit_free(mxc_att_fit *f);
 
 /* Softmax top-k routing of T tokens from logits [T][E]: P [T][K'] gets the
  * experts (then the extra MLPs' slots E, E + 1, ...) and W [T][K'] their

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 
 #include <algorithm>
@@ -2682,16 +2683,98 @@ static int attend_tiles(cudaStream_t st, const mxc_att *a)
     return launch_k(k_attend_tile, grid, ATT_THREADS, smem, st, 1, *a);
 }
 
+/* One token's blocks a head at position pos: one for each split that
+ * holds positions (the window's first to pos's), at most cap. */
+static int att_z(const mxc_att *a, int cap, int pos)
+{
+    const int start = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    const int used = pos / a->span - start / a->span + 1;
+    return max(1, min(cap, used));
+}
+
+struct mxc_att_node {
+    cudaGraphNode_t node;
+    mxc_att a;                   /* the launch's argument (a.fit cleared) */
+    void *func;
+    size_t smem;
+    int cap, z;                  /* captured blocks a head, those of the executable graph now */
+};
+
+/* While capturing: the launch just made (the stream's only leaf) into a->fit. */
+static int att_record(cudaStream_t st, const mxc_att *b, void *func, size_t smem, int cap)
+{
+    mxc_att_fit *f = b->fit;
+    cudaStreamCaptureStatus cs;
+    const cudaGraphNode_t *deps = NULL;
+    size_t nd = 0;
+#if CUDART_VERSION >= 13000
+    cudaError_t ce = cudaStreamGetCaptureInfo(st, &cs, NULL, NULL, &deps, NULL, &nd);
+#else
+    cudaError_t ce = cudaStreamGetCaptureInfo_v2(st, &cs, NULL, NULL, &deps, &nd);
+#endif
+    if (ce != cudaSuccess)
+        return (int)ce;
+    if (cs != cudaStreamCaptureStatusActive || nd != 1)
+        return (int)cudaErrorStreamCaptureInvalidated;
+    if (f->n == f->cap) {
+        const int nc = f->cap ? 2 * f->cap : 64;
+        mxc_att_node *v = (mxc_att_node *)realloc(f->v, sizeof *v * (size_t)nc);
+        if (!v)
+            return (int)cudaErrorMemoryAllocation;
+        f->v = v, f->cap = nc;
+    }
+    mxc_att_node *nd0 = &f->v[f->n++];
+    nd0->node = deps[0];
+    nd0->a = *b;
+    nd0->a.fit = NULL;
+    nd0->func = func;
+    nd0->smem = smem;
+    nd0->cap = nd0->z = cap;
+    return 0;
+}
+
+int mxc_att_fit_pos(cudaGraphExec_t x, mxc_att_fit *f, int pos)
+{
+    for (int i = 0; i < f->n; i++) {
+        mxc_att_node *v = &f->v[i];
+        const int z = att_z(&v->a, v->cap, pos);
+        if (z == v->z)
+            continue;
+        void *args[1] = {&v->a};
+        cudaKernelNodeParams p = {};
+        p.func = v->func;
+        p.gridDim = dim3((unsigned)v->a.nh, (unsigned)v->a.T, (unsigned)z);
+        p.blockDim = dim3(256);
+        p.sharedMemBytes = (unsigned)v->smem;
+        p.kernelParams = args;
+        const cudaError_t ce = cudaGraphExecKernelNodeSetParams(x, v->node, &p);
+        if (ce != cudaSuccess)
+            return (int)ce;
+        v->z = z;
+    }
+    return 0;
+}
+
+void mxc_att_fit_free(mxc_att_fit *f)
+{
+    free(f->v);
+    f->v = NULL;
+    f->n = f->cap = 0;
+}
+
 int mxc_attend(cudaStream_t st, const mxc_att *a)
 {
     if (a->tile && a->T > 1 && !a->cnt && a->hd % 4 == 0 && a->hd <= 256)
         return attend_tiles(st, a);
     /* one token (a->cnt): about two blocks an SM, each looping over its
-     * share of the splits (k_attend) */
+     * share of the splits (k_attend); where the host knows the position,
+     * no more than the splits in use */
     int nz = a->n_split;
     if (a->cnt) {
         const int want = a->max_z > 0 ? a->max_z : 2 * sm_count() / (a->nh * a->T);
         nz = min(nz, max(1, want));
+        if (a->hpos >= 0)
+            nz = att_z(a, nz, a->hpos);
     }
     dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)nz);
     /* one token, heads up to ATT_PRE_HD: the first split's old rows copied
@@ -2707,6 +2790,8 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
     }
     const int rc = a->fuse ? launch_k(k_attend<true>, grid, 256, smem, st, 1, b)
                            : launch_k(k_attend<false>, grid, 256, smem, st, 1, b);
+    if (!rc && a->cnt && a->fit)
+        return att_record(st, &b, a->fuse ? (void *)k_attend<true> : (void *)k_attend<false>, smem, nz);
     if (rc || a->cnt)
         return rc;
     dim3 g2((unsigned)a->nh, (unsigned)a->T);
