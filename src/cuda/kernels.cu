@@ -915,6 +915,14 @@ __device__ __forceinline__ uint64_t wg_desc(unsigned saddr)
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+/* wg_desc from its low word (that of wg_desc(a) is ((a & 0x3FFFF) >> 4) |
+ * 1 << 16, and an offset of 16 k bytes adds k to it: the shared window
+ * is under 256 KiB, so nothing carries out of the address field) */
+__device__ __forceinline__ uint64_t wg_desc_lo(uint32_t lo)
+{
+    return ((uint64_t)((1024 >> 4) | (1u << 30)) << 32) | lo;
+}
+
 /* the compiler must not move reads of d above a wait, nor reuse a's
  * registers before it: tie them to this point */
 __device__ __forceinline__ void wg_hold(float (&d)[8][4])
@@ -1185,12 +1193,13 @@ __device__ __forceinline__ void mm_fold(float (&tot)[8][4], const float (&acc)[8
  * and N tokens (k_mm<..., WG = true>): the lane's weights of rows g and
  * g + 8 of its warp's 16 unpacked into af as for mm_chunk, then four
  * wgmmas, committed as one group; the caller waits.  Wp: the lane's first
- * weight word of the chunk, xs: the chunk's X (part 0) in shared memory,
+ * weight word of the chunk, dlo: wg_desc's low word of the chunk's X
+ * (part 0) in shared memory,
  * Sp: the chunk sums of the lane's first token; Z: the group's first
  * chunk (its first wgmma starts from zero). */
 template <int BITS, int N>
 __device__ __forceinline__ void mw_chunk(float (&acc)[8][4], float (&sx)[8][2], uint32_t (&af)[2][4],
-                                         const uint32_t *Wp, unsigned xs, const float *Sp, bool Z)
+                                         const uint32_t *Wp, uint32_t dlo, const float *Sp, bool Z)
 {
     constexpr int WST = mm_wst(BITS);
     uint32_t w[2][BITS == 4 ? 1 : 2];
@@ -1222,7 +1231,7 @@ __device__ __forceinline__ void mw_chunk(float (&acc)[8][4], float (&sx)[8][2], 
     for (int part = 0; part < 2; part++)
 #pragma unroll
         for (int ks = 0; ks < 2; ks++)
-            wg_mma<N>(acc, af[ks], wg_desc(xs + part * (MXC_MM_T * MM_KC * 32 * 2) + ks * 32),
+            wg_mma<N>(acc, af[ks], wg_desc_lo(dlo + (part * (MXC_MM_T * MM_KC * 32 * 2) + ks * 32) / 16),
                       !(Z && part == 0 && ks == 0));
     wg_commit();
 }
@@ -1353,17 +1362,20 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
     const unsigned sdst = sbase + XB + ((tid & 1) * MXC_MM_T + (tid >> 1)) * 4;   /* sums: [chunk][token] */
     const unsigned wdst = sbase + XB + MXC_MM_T * MM_KC * 4;
 
-    /* stage s of the K loop into buffer b (every call commits a group, empty or not) */
-    auto load = [&](int s, int b) {
+    /* stage s of the K loop into buffer b (every call commits a group,
+     * empty or not); FULL: a stage of MM_KC chunks (every stage but
+     * perhaps the last), whose copies need no tests of the chunk count */
+    auto load = [&](int s, int b, auto fullc) {
+        constexpr bool FULL = decltype(fullc)::value;
         const unsigned bo = b * STAGE;
-        const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
+        const int kc = FULL ? MM_KC : min(MM_KC, cend - cbeg - s * MM_KC);
 #pragma unroll
         for (int k = 0; k < WK; k++) {
             const int i = k * THR + tid;
-            if (wpc[k] < kc * BITS / 4)
+            if (FULL || wpc[k] < kc * BITS / 4)
                 cp_async16s(wdst + bo + ((i / PPR) * WST + wpc[k] * 4) * 4, wsrc[k] + s * (MM_KC * BITS * 4));
         }
-        if (kc == MM_KC || pcx < 4) {
+        if (FULL || kc == MM_KC || pcx < 4) {
             const uint32_t so = (uint32_t)s * (MM_KC * 32);
             const uint4 xs = xtab[tid];
             const uint32_t xsrc[4] = {xs.x, xs.y, xs.z, xs.w};
@@ -1374,9 +1386,16 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
                 cp_async16z(xdst + bo + j * xjs + xpo, xlo + o, n);
             }
         }
-        if ((tid & 1) < kc && tid < 2 * MXC_MM_T)
+        if ((FULL || (tid & 1) < kc) && tid < 2 * MXC_MM_T)
             cp_async4z(sdst + bo, ssrc + s * MM_KC, sn);
         asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    const int nfull = (cend - cbeg) / MM_KC;   /* stages of MM_KC chunks */
+    auto load_stage = [&](int s, int b) {
+        if (s < nfull)
+            load(s, b, std::true_type());
+        else
+            load(s, b, std::false_type());
     };
 
     float acc[8][4], tot[8][4];
@@ -1405,89 +1424,110 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
             rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + grp);
             rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + grp);
         }
+    /* the end of a chunk: at a group's end, fold it in (fold(sc, bb); WG:
+     * once its wgmmas are done) */
+    auto group_end = [&](auto fold) {
+        if (++gc < cpg)
+            return;
+        if constexpr (WG) {
+            wg_wait0();
+            wg_hold(acc);
+        }
+        float sc[2][2], bb[2][2];
+        const uint32_t gn = grp + 1 < gpr ? grp + 1 : grp;
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                sc[m][h] = rawf_t<DT>(rs[m][h]);
+                bb[m][h] = rawf_t<DT>(rb[m][h]);
+                if (m < mt) {
+                    rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + gn);
+                    rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + gn);
+                }
+            }
+        fold(sc, bb);
+        gc = 0;
+        grp++;
+    };
     /* NS stages in flight: stage s + NS - 1 is loaded into the buffer
      * stage s - 1 used, once every warp is past the barrier at stage s */
 #pragma unroll
     for (int p = 0; p < NS - 1; p++) {
         if (p < ns)
-            load(p, p);
+            load_stage(p, p);
         else
             asm volatile("cp.async.commit_group;" ::: "memory");
     }
-    int buf = 0;
-    for (int s = 0; s < ns; s++) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
-        if constexpr (WG)
-            fence_async_shared();   /* the copies, visible to wgmma's reads */
-        __syncthreads();
-        if (s + NS - 1 < ns)
-            load(s + NS - 1, buf == 0 ? NS - 1 : buf - 1);
-        else
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        const unsigned char *base = sgen + buf * STAGE;
-        const float *Ss = (const float *)(base + XB);
-        const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
-        const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
-        /* the end of a group: fold it in (WG: once its wgmmas are done) */
-        auto group_end = [&]() {
-            if (++gc < cpg)
-                return;
-            if constexpr (WG) {
+    if constexpr (WG) {
+        /* the loop for one wgmma N (the tile's tokens rounded up), so that
+         * nothing in it branches on the mode; the chunks' X descriptors
+         * are one low word (dlo, at the stage's X) plus constants */
+        const uint32_t d0 = ((sbase & 0x3FFFFu) >> 4) | (1u << 16);
+        auto run = [&](auto nc) {
+            constexpr int N = decltype(nc)::value;
+            auto fold = [&](const float (&sc)[2][2], const float (&bb)[2][2]) { mm_fold<1, N / 8>(tot, acc, sx, sc, bb); };
+            int buf = 0;
+            for (int s = 0; s < ns; s++) {
+                asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
+                fence_async_shared();   /* the copies, visible to wgmma's reads */
+                __syncthreads();
+                if (s + NS - 1 < ns)
+                    load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1);
+                else
+                    asm volatile("cp.async.commit_group;" ::: "memory");
+                const unsigned char *base = sgen + buf * STAGE;
+                const float *Ss = (const float *)(base + XB);
+                const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
+                const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
+                const uint32_t dlo = d0 + (uint32_t)(buf * STAGE >> 4);
+                /* the two chunks' fragments in separate registers, so that the
+                 * second chunk's unpacking overlaps the first chunk's wgmmas;
+                 * every wgmma reading this buffer is done before the next
+                 * stage's barrier lets its copies overwrite it */
+                uint32_t af[2][2][4];
+#pragma unroll
+                for (int cc = 0; cc < MM_KC; cc++) {
+                    if (cc >= kc)
+                        break;
+                    const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
+                    const float *Sp = Ss + cc * MXC_MM_T + 2 * t4;
+                    mw_chunk<BITS, N>(acc, sx, af[cc], Wp, dlo + cc * 4 /* 64 bytes of each token row */, Sp, gc == 0);
+                    group_end(fold);
+                }
                 wg_wait0();
                 wg_hold(acc);
+                wg_hold(af[0]);
+                buf = buf + 1 == NS ? 0 : buf + 1;
             }
-            float sc[2][2], bb[2][2];
-            const uint32_t gn = grp + 1 < gpr ? grp + 1 : grp;
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    sc[m][h] = rawf_t<DT>(rs[m][h]);
-                    bb[m][h] = rawf_t<DT>(rb[m][h]);
-                    if (m < mt) {
-                        rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + gn);
-                        rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + gn);
-                    }
-                }
+        };
+        switch (mode) {
+        case 16: run(std::integral_constant<int, 16>()); break;
+        case 32: run(std::integral_constant<int, 32>()); break;
+        case 48: run(std::integral_constant<int, 48>()); break;
+        default: run(std::integral_constant<int, 64>()); break;
+        }
+    } else {
+        auto fold = [&](const float (&sc)[2][2], const float (&bb)[2][2]) {
             switch (mode) {
             case 12: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
             case 14: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
             case 22: mm_fold<2, 2>(tot, acc, sx, sc, bb); break;
             case 24: mm_fold<2, 4>(tot, acc, sx, sc, bb); break;
-            case 16: mm_fold<1, 2>(tot, acc, sx, sc, bb); break;
-            case 32: mm_fold<1, 4>(tot, acc, sx, sc, bb); break;
-            case 48: mm_fold<1, 6>(tot, acc, sx, sc, bb); break;
-            case 64: mm_fold<1, 8>(tot, acc, sx, sc, bb); break;
             }
-            gc = 0;
-            grp++;
         };
-        if constexpr (WG) {
-            /* the two chunks' fragments in separate registers, so that the
-             * second chunk's unpacking overlaps the first chunk's wgmmas;
-             * every wgmma reading this buffer is done before the next
-             * stage's barrier lets its copies overwrite it */
-            uint32_t af[2][2][4];
-            const unsigned xs = sbase + buf * STAGE;
-#pragma unroll
-            for (int cc = 0; cc < MM_KC; cc++) {
-                if (cc >= kc)
-                    break;
-                const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
-                const float *Sp = Ss + cc * MXC_MM_T + 2 * t4;
-                const unsigned xc = xs + cc * 64;   /* a chunk: 64 bytes of each token row */
-                switch (mode) {
-                case 16: mw_chunk<BITS, 16>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
-                case 32: mw_chunk<BITS, 32>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
-                case 48: mw_chunk<BITS, 48>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
-                default: mw_chunk<BITS, 64>(acc, sx, af[cc], Wp, xc, Sp, gc == 0); break;
-                }
-                group_end();
-            }
-            wg_wait0();
-            wg_hold(acc);
-            wg_hold(af[0]);
-        } else {
+        int buf = 0;
+        for (int s = 0; s < ns; s++) {
+            asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
+            __syncthreads();
+            if (s + NS - 1 < ns)
+                load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1);
+            else
+                asm volatile("cp.async.commit_group;" ::: "memory");
+            const unsigned char *base = sgen + buf * STAGE;
+            const float *Ss = (const float *)(base + XB);
+            const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
+            const int kc = min(MM_KC, cend - cbeg - s * MM_KC);
             const __half *Xs = (const __half *)base;
             for (int cc = 0; cc < kc; cc++) {
                 const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
@@ -1505,10 +1545,10 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
                     MM_CHUNK(22, 2, 2) MM_CHUNK(24, 2, 4)
                 }
 #undef MM_CHUNK
-                group_end();
+                group_end(fold);
             }
+            buf = buf + 1 == NS ? 0 : buf + 1;
         }
-        buf = buf + 1 == NS ? 0 : buf + 1;
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
     /* y = dx * tot (+ bias); dual: gate rows (the stage's first HR) and up
