@@ -865,7 +865,7 @@ static int mm_use(cu_ctx *c, mxc_tile *t, int bits, int dt, int64_t rows, int64_
         if (ce == cudaSuccess)
             ce = dalloc(&c->mm.lo, (size_t)(nr * nl) * 2);
         if (ce == cudaSuccess)
-            ce = dalloc(&c->mm.sum, (size_t)(nr * (nl / 32)) * sizeof(float));
+            ce = dalloc(&c->mm.sum, (size_t)(nr * (nl / 32) + nr * (nl / 64)) * sizeof(float));
         if (ce == cudaSuccess)
             ce = dalloc(&c->mm.dx, (size_t)nr * sizeof(float));
         if (ce == cudaSuccess)   /* split-K partials of a small matrix (a router) */
@@ -877,6 +877,7 @@ static int mm_use(cu_ctx *c, mxc_tile *t, int bits, int dt, int64_t rows, int64_
         }
         c->mm_rows = nr;
         c->mm.ld = nl;
+        c->mm.sum2 = c->mm.sum + nr * (nl / 32);   /* the pair sums after the chunk sums, one allocation */
         c->mm.part_cap = MM_PART_CAP;
     }
     t->mma = bits;

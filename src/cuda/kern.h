@@ -118,6 +118,7 @@ typedef struct mxc_item {
 typedef struct mxc_mmx {
     void *hi, *lo;               /* [rows][ld] f16 */
     float *sum;                  /* [rows][ld / 32] */
+    float *sum2;                 /* [rows][ld / 64]: sums of chunk pairs (the 64 values of a group of 64) */
     float *dx;                   /* [rows] */
     int64_t ld;
     float *part;                 /* split-K partial sums, part_cap floats */

@@ -811,17 +811,32 @@ __global__ void __launch_bounds__(128) k_mm_prep(mxc_tile a)
     if (threadIdx.x == 0)
         a.mm.dx[xrow] = bad ? NAN : amax > 0.0f ? ldexpf(1.0f, e - 14) : 1.0f;
     __half *hi = (__half *)a.mm.hi + xrow * a.mm.ld, *lo = (__half *)a.mm.lo + xrow * a.mm.ld;
-    float *sum = a.mm.sum + xrow * (a.mm.ld >> 5);
+    float *sum = a.mm.sum + xrow * (a.mm.ld >> 5), *sum2 = a.mm.sum2 + xrow * (a.mm.ld >> 6);
     const int pos = mm_pos(lane);
-#pragma unroll 4
-    for (int64_t c = warp; c < (K >> 5); c += 4) {
+    /* chunk c's halves; its sum of x / dx */
+    auto chunk = [&](int64_t c) {
         const float v = x[c * 32 + lane] * inv;
         const __half h = __float2half_rn(v);
         hi[c * 32 + pos] = h;
         lo[c * 32 + pos] = __float2half_rn(v - __half2float(h));
-        const float s = warp_sum(v);
+        return warp_sum(v);
+    };
+    /* a warp a pair of chunks at a time: the pair's sum too (what a group
+     * of 64 folds in; s0 + s1 is the sum the tiles made from the chunk
+     * sums, 0 + s0 + s1) */
+#pragma unroll 2
+    for (int64_t c2 = warp; c2 < (K >> 6); c2 += 4) {
+        const float s0 = chunk(2 * c2), s1 = chunk(2 * c2 + 1);
+        if (lane == 0) {
+            sum[2 * c2] = s0;
+            sum[2 * c2 + 1] = s1;
+            sum2[c2] = s0 + s1;
+        }
+    }
+    if (((K >> 5) & 1) && warp == ((K >> 6) & 3)) {   /* an odd chunk count's last */
+        const float s = chunk((K >> 5) - 1);
         if (lane == 0)
-            sum[c] = s;
+            sum[(K >> 5) - 1] = s;
     }
 }
 
@@ -1197,7 +1212,7 @@ __device__ __forceinline__ void mm_fold(float (&tot)[8][4], const float (&acc)[8
  * (part 0) in shared memory,
  * Sp: the chunk sums of the lane's first token; Z: the group's first
  * chunk (its first wgmma starts from zero). */
-template <int BITS, int N>
+template <int BITS, int N, bool SUMS = true>
 __device__ __forceinline__ void mw_chunk(float (&acc)[8][4], float (&sx)[8][2], uint32_t (&af)[2][4],
                                          const uint32_t *Wp, uint32_t dlo, const float *Sp, bool Z)
 {
@@ -1214,7 +1229,7 @@ __device__ __forceinline__ void mw_chunk(float (&acc)[8][4], float (&sx)[8][2], 
         }
     }
 #pragma unroll
-    for (int n = 0; n < N / 8; n++) {
+    for (int n = 0; n < (SUMS ? N / 8 : 0); n++) {
         const float2 v = *(const float2 *)(Sp + n * 8);
         sx[n][0] += v.x, sx[n][1] += v.y;
     }
@@ -1354,6 +1369,12 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
     const int64_t sr = tid < 2 * MXC_MM_T ? xrows[tid >> 1] : -1;
     const float *ssrc = a.mm.sum + (sr >= 0 ? sr : xrows[0]) * lds + cbeg + (tid & 1);
     const unsigned sn = sr >= 0 ? 4 : 0;
+    /* WG with groups of 64 (two chunks: a stage is a group): the pair
+     * sums instead, one a token (tid < MXC_MM_T), [token] in the stage */
+    const bool pair = WG && M0.gs == 64 && M1.gs == 64;   /* block-wide (gate and up may differ) */
+    const int64_t pr = tid < MXC_MM_T ? xrows[tid] : -1;
+    const float *ssrc2 = a.mm.sum2 + (pr >= 0 ? pr : xrows[0]) * (a.mm.ld >> 6) + cbeg / 2;
+    const unsigned sn2 = pr >= 0 ? 4 : 0;
     /* shared addresses in buffer 0: X row xr0 piece pcx (the next row of
      * the thread xjs on, the lo part xpo on), the chunk sum (token tid / 2,
      * chunk tid % 2), weight piece k */
@@ -1365,8 +1386,8 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
     /* stage s of the K loop into buffer b (every call commits a group,
      * empty or not); FULL: a stage of MM_KC chunks (every stage but
      * perhaps the last), whose copies need no tests of the chunk count */
-    auto load = [&](int s, int b, auto fullc) {
-        constexpr bool FULL = decltype(fullc)::value;
+    auto load = [&](int s, int b, auto fullc, auto pairc) {
+        constexpr bool FULL = decltype(fullc)::value, PAIR = decltype(pairc)::value;
         const unsigned bo = b * STAGE;
         const int kc = FULL ? MM_KC : min(MM_KC, cend - cbeg - s * MM_KC);
 #pragma unroll
@@ -1386,16 +1407,20 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
                 cp_async16z(xdst + bo + j * xjs + xpo, xlo + o, n);
             }
         }
-        if ((FULL || (tid & 1) < kc) && tid < 2 * MXC_MM_T)
+        if constexpr (PAIR) {
+            if (tid < MXC_MM_T)
+                cp_async4z(sbase + XB + tid * 4 + bo, ssrc2 + s, sn2);
+        } else if ((FULL || (tid & 1) < kc) && tid < 2 * MXC_MM_T) {
             cp_async4z(sdst + bo, ssrc + s * MM_KC, sn);
+        }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
     const int nfull = (cend - cbeg) / MM_KC;   /* stages of MM_KC chunks */
-    auto load_stage = [&](int s, int b) {
+    auto load_stage = [&](int s, int b, auto pairc) {
         if (s < nfull)
-            load(s, b, std::true_type());
+            load(s, b, std::true_type(), pairc);
         else
-            load(s, b, std::false_type());
+            load(s, b, std::false_type(), pairc);
     };
 
     float acc[8][4], tot[8][4];
@@ -1424,11 +1449,9 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
             rs[m][h] = ldraw_t<DT>(ws, srow[m][h] + grp);
             rb[m][h] = ldraw_t<DT>(wb, srow[m][h] + grp);
         }
-    /* the end of a chunk: at a group's end, fold it in (fold(sc, bb); WG:
-     * once its wgmmas are done) */
-    auto group_end = [&](auto fold) {
-        if (++gc < cpg)
-            return;
+    /* a group's end: fold it in (fold(sc, bb); WG: once its wgmmas are
+     * done), the next group's scales and biases asked for */
+    auto group_fold = [&](auto fold) {
         if constexpr (WG) {
             wg_wait0();
             wg_hold(acc);
@@ -1450,30 +1473,39 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
         gc = 0;
         grp++;
     };
+    /* the end of a chunk */
+    auto group_end = [&](auto fold) {
+        if (++gc == cpg)
+            group_fold(fold);
+    };
     /* NS stages in flight: stage s + NS - 1 is loaded into the buffer
      * stage s - 1 used, once every warp is past the barrier at stage s */
+    auto prologue = [&](auto pairc) {
 #pragma unroll
-    for (int p = 0; p < NS - 1; p++) {
-        if (p < ns)
-            load_stage(p, p);
-        else
-            asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+        for (int p = 0; p < NS - 1; p++) {
+            if (p < ns)
+                load_stage(p, p, pairc);
+            else
+                asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+    };
     if constexpr (WG) {
         /* the loop for one wgmma N (the tile's tokens rounded up), so that
          * nothing in it branches on the mode; the chunks' X descriptors
          * are one low word (dlo, at the stage's X) plus constants */
         const uint32_t d0 = ((sbase & 0x3FFFFu) >> 4) | (1u << 16);
-        auto run = [&](auto nc) {
+        auto run = [&](auto nc, auto pairc) {
             constexpr int N = decltype(nc)::value;
+            constexpr bool PAIR = decltype(pairc)::value;   /* a stage is a group: its sums from the pair sums */
             auto fold = [&](const float (&sc)[2][2], const float (&bb)[2][2]) { mm_fold<1, N / 8>(tot, acc, sx, sc, bb); };
+            prologue(pairc);
             int buf = 0;
             for (int s = 0; s < ns; s++) {
                 asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
                 fence_async_shared();   /* the copies, visible to wgmma's reads */
                 __syncthreads();
                 if (s + NS - 1 < ns)
-                    load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1);
+                    load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1, pairc);
                 else
                     asm volatile("cp.async.commit_group;" ::: "memory");
                 const unsigned char *base = sgen + buf * STAGE;
@@ -1488,12 +1520,22 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
                 uint32_t af[2][2][4];
 #pragma unroll
                 for (int cc = 0; cc < MM_KC; cc++) {
-                    if (cc >= kc)
+                    if (!PAIR && cc >= kc)
                         break;
                     const uint32_t *Wp = Ws + (wsr + g) * WST + cc * BITS + (BITS == 4 ? t4 : 2 * t4);
                     const float *Sp = Ss + cc * MXC_MM_T + 2 * t4;
-                    mw_chunk<BITS, N>(acc, sx, af[cc], Wp, dlo + cc * 4 /* 64 bytes of each token row */, Sp, gc == 0);
-                    group_end(fold);
+                    mw_chunk<BITS, N, !PAIR>(acc, sx, af[cc], Wp, dlo + cc * 4 /* 64 bytes of each token row */, Sp,
+                                             PAIR ? cc == 0 : gc == 0);
+                    if constexpr (!PAIR)
+                        group_end(fold);
+                }
+                if constexpr (PAIR) {
+#pragma unroll
+                    for (int n = 0; n < N / 8; n++) {
+                        const float2 v = *(const float2 *)(Ss + n * 8 + 2 * t4);
+                        sx[n][0] = v.x, sx[n][1] = v.y;
+                    }
+                    group_fold(fold);
                 }
                 wg_wait0();
                 wg_hold(acc);
@@ -1501,12 +1543,18 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
                 buf = buf + 1 == NS ? 0 : buf + 1;
             }
         };
-        switch (mode) {
-        case 16: run(std::integral_constant<int, 16>()); break;
-        case 32: run(std::integral_constant<int, 32>()); break;
-        case 48: run(std::integral_constant<int, 48>()); break;
-        default: run(std::integral_constant<int, 64>()); break;
-        }
+        auto run_n = [&](auto pairc) {
+            switch (mode) {
+            case 16: run(std::integral_constant<int, 16>(), pairc); break;
+            case 32: run(std::integral_constant<int, 32>(), pairc); break;
+            case 48: run(std::integral_constant<int, 48>(), pairc); break;
+            default: run(std::integral_constant<int, 64>(), pairc); break;
+            }
+        };
+        if (pair)
+            run_n(std::true_type());
+        else
+            run_n(std::false_type());
     } else {
         auto fold = [&](const float (&sc)[2][2], const float (&bb)[2][2]) {
             switch (mode) {
@@ -1516,12 +1564,13 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
             case 24: mm_fold<2, 4>(tot, acc, sx, sc, bb); break;
             }
         };
+        prologue(std::false_type());
         int buf = 0;
         for (int s = 0; s < ns; s++) {
             asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
             __syncthreads();
             if (s + NS - 1 < ns)
-                load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1);
+                load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1, std::false_type());
             else
                 asm volatile("cp.async.commit_group;" ::: "memory");
             const unsigned char *base = sgen + buf * STAGE;
