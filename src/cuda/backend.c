@@ -904,6 +904,17 @@ static int linear(call *k, int mi, const float *X, int64_t ldx, float *Y, int64_
     return MX_OK;
 }
 
+/* 1 when a prompt's router and shared-expert gate can share a tensor-core
+ * launch: both 4- or 8-bit with one scale dtype and one group size. */
+static int router_gate_one_launch(const cu_ctx *c, const cu_layer *cl)
+{
+    if (!c->mma_on || cl->sgate_i < 0 || cl->router_i < 0)
+        return 0;
+    const mxc_mat *r = &c->mats[cl->router_i], *g = &c->mats[cl->sgate_i];
+    return (r->bits == 4 || r->bits == 8) && g->bits == r->bits && g->dt == r->dt && g->gs == r->gs &&
+           g->cols == r->cols;
+}
+
 /* 1 when a prompt's q, k and v projections go through the tensor cores
  * in one launch: all three 4- or 8-bit with one scale dtype. */
 static int qkv_one_launch(const cu_ctx *c, const cu_layer *cl)
@@ -1521,6 +1532,22 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
             mv.ldy[1] = 1;
         }
         KL(mxc_matvec(c->st, &mv, rx, d, T));
+    } else if (router_gate_one_launch(c, cl)) {
+        /* the router and the shared expert's one-row gate in one launch on
+         * the tensor cores (one split of X, K split for both), not two */
+        const mxc_mat *mr = &c->mats[cl->router_i], *mg = &c->mats[cl->sgate_i];
+        mxc_tile t = {.table = c->d_mats, .plain = {cl->router_i, cl->router_i, 0, T},
+                      .max_rows = mr->rows > mg->rows ? mr->rows : mg->rows, .X = rx, .ldx = d, .Y = b->rl,
+                      .ldy = cl->E, .prep_rows = T, .prep_k = d, .table_gs = mr->gs, .pn = 2, .pn_split = 1,
+                      .pm = {cl->router_i, cl->sgate_i}, .py = {b->rl, b->glog}, .pldy = {cl->E, 1}};
+        int u = mm_use(c, &t, mr->bits, mr->dt, T, d, e);
+        if (u < 0)
+            return e->code;
+        if (u)
+            KL(mxc_tile_run(c->st, &t));
+        else if ((u = linear(k, cl->router_i, rx, d, b->rl, cl->E, T, e)) ||
+                 (u = linear(k, cl->sgate_i, rx, d, b->glog, 1, T, e)))
+            return u;
     } else {
         int rc = linear(k, cl->router_i, rx, d, b->rl, cl->E, T, e);
         if (!rc && cl->sgate_i >= 0)

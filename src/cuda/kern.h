@@ -150,6 +150,7 @@ typedef struct mxc_tile {
      * (q, k, v): matrix k > 0 is table[pm[k]] into py[k] (ldy pldy[k]);
      * matrix 0 is plain.m0 into Y; max_rows the most rows of any */
     int pn;
+    int pn_split;                /* pn > 1: the matrices' groups are all table_gs, so K may be split (a router and a gate) */
     int pm[4];
     float *py[4];
     int64_t pldy[4];

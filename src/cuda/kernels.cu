@@ -1282,11 +1282,13 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
     mxc_item it;
     float *Yo = a.Y;
     int64_t ldyo = a.ldy;
+    int kmat = 0;   /* plain: the block's matrix of the pn */
     if (a.items) {
         it = a.items[blockIdx.y];
     } else {
         /* plain: token tile y % tiles of matrix y / tiles (pn matrices of one X) */
         const int tiles = (a.plain.n + MXC_MM_T - 1) / MXC_MM_T, k = (int)blockIdx.y / tiles;
+        kmat = k;
         it = a.plain;
         it.off = ((int)blockIdx.y - k * tiles) * MXC_MM_T;
         it.n = min(MXC_MM_T, a.plain.n - it.off);
@@ -1605,7 +1607,8 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
      * stages.  The layout is a template argument here so that the
      * accumulators are indexed by constants (registers, not local memory). */
     float *G = (float *)smem_f4;   /* dual: [R rows][MXC_MM_T + 1] */
-    float *P = a.mm.part + (int64_t)blockIdx.z * a.plain.n * M0.rows;   /* split-K: partial sums, added in split order by k_mm_sum */
+    /* split-K: partial sums [matrix][split][token][row], added in split order by k_mm_sum */
+    float *P = a.mm.part + ((int64_t)kmat * a.splits + blockIdx.z) * a.plain.n * a.max_rows;
     auto out = [&](auto mtc) {
         constexpr int MT = decltype(mtc)::value;
 #pragma unroll
@@ -1677,19 +1680,23 @@ extern "C" int mxc_wgmma_active(void) { return g_wgmma != 0; }
 
 static int sm_count(void);
 
-/* Y[t][r] = sum over splits of the partials (in split order) + bias. */
+/* Y[t][r] = sum over splits of the partials (in split order) + bias;
+ * block row y: matrix y of the pn (k_mm's partials [matrix][split]
+ * [token][row], each split plain.n x max_rows floats). */
 __global__ void k_mm_sum(mxc_tile a)
 {
     pdl_enter();
-    const mxc_mat M = a.table[a.plain.m0];
+    const int k = (int)blockIdx.y;
+    const mxc_mat M = a.table[k ? a.pm[k] : a.plain.m0];
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = (int64_t)a.plain.n * M.rows;
     if (i >= n)
         return;
-    const int64_t t = i / M.rows, r = i - t * M.rows;
+    const int64_t t = i / M.rows, r = i - t * M.rows, stride = (int64_t)a.plain.n * a.max_rows;
+    const float *P = a.mm.part + (int64_t)k * a.splits * stride + i;
     float v = 0.0f;
     for (int z = 0; z < a.splits; z++)
-        v += a.mm.part[z * n + i];
-    a.Y[t * a.ldy + r] = v + (M.bias ? M.bias[r] : 0.0f);
+        v += P[z * stride];
+    (k ? a.py[k] : a.Y)[t * (k ? a.pldy[k] : a.ldy) + r] = v + (M.bias ? M.bias[r] : 0.0f);
 }
 
 template <int BITS, int DT, bool WG>
@@ -1707,7 +1714,8 @@ static int launch_mm(cudaStream_t st, const mxc_tile *t, unsigned ny)
      * whole groups over up to 16 blocks per tile */
     mxc_tile u = *t;
     u.splits = 1;
-    if (!t->items && !t->dual && t->pn <= 1 && t->mm.part && t->table_gs > 0) {
+    const int64_t pn = t->pn > 1 ? t->pn : 1;
+    if (!t->items && !t->dual && (pn == 1 || t->pn_split) && t->mm.part && t->table_gs > 0) {
         const int64_t blocks = (int64_t)nx * ny, want = sm_count();
         if (blocks * 2 > want)   /* splitting o_proj's 256 blocks measured slower */
             goto run;
@@ -1715,7 +1723,7 @@ static int launch_mm(cudaStream_t st, const mxc_tile *t, unsigned ny)
         int64_t sp = blocks < want ? (want + blocks - 1) / blocks : 1;
         sp = sp > 16 ? 16 : sp;
         sp = sp > groups ? groups : sp;
-        while (sp > 1 && sp * t->plain.n * t->max_rows > t->mm.part_cap)
+        while (sp > 1 && sp * pn * t->plain.n * t->max_rows > t->mm.part_cap)
             sp--;
         if (sp > 1) {
             /* whole groups per split */
@@ -1729,7 +1737,7 @@ run:;
     if (rc || u.splits == 1)
         return rc;
     const int64_t n = (int64_t)t->plain.n * t->max_rows;
-    return launch_k(k_mm_sum, (unsigned)((n + 255) / 256), 256, 0, st, 1, u);
+    return launch_k(k_mm_sum, dim3((unsigned)((n + 255) / 256), (unsigned)pn), 256, 0, st, 1, u);
 }
 
 static int mm_run(cudaStream_t st, const mxc_tile *t)
