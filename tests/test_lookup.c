@@ -155,6 +155,7 @@ typedef struct ids_out {
 
 static int collect(void *ud, int32_t id, const char *text, size_t len)
 {
+    (void)text, (void)len;
     ids_out *o = ud;
     if (id >= 0 && o->n < (int)(sizeof o->ids / sizeof o->ids[0]))
         o->ids[o->n++] = id;

@@ -1482,6 +1482,19 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
     };
     /* NS stages in flight: stage s + NS - 1 is loaded into the buffer
      * stage s - 1 used, once every warp is past the barrier at stage s */
+    /* the top of stage s (in buffer buf): its copies landed and visible
+     * to every warp, then stage s + NS - 1 asked for (into the buffer
+     * stage s - 1 used) */
+    auto stage_begin = [&](int s, int buf, auto pairc) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
+        if constexpr (WG)
+            fence_async_shared();   /* the copies, visible to wgmma's reads */
+        __syncthreads();
+        if (s + NS - 1 < ns)
+            load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1, pairc);
+        else
+            asm volatile("cp.async.commit_group;" ::: "memory");
+    };
     auto prologue = [&](auto pairc) {
 #pragma unroll
         for (int p = 0; p < NS - 1; p++) {
@@ -1503,13 +1516,7 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
             prologue(pairc);
             int buf = 0;
             for (int s = 0; s < ns; s++) {
-                asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
-                fence_async_shared();   /* the copies, visible to wgmma's reads */
-                __syncthreads();
-                if (s + NS - 1 < ns)
-                    load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1, pairc);
-                else
-                    asm volatile("cp.async.commit_group;" ::: "memory");
+                stage_begin(s, buf, pairc);
                 const unsigned char *base = sgen + buf * STAGE;
                 const float *Ss = (const float *)(base + XB);
                 const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
@@ -1569,12 +1576,7 @@ __global__ void __launch_bounds__(mm_threads(WG), WG ? 1 : MXC_MM_MINB) k_mm(mxc
         prologue(std::false_type());
         int buf = 0;
         for (int s = 0; s < ns; s++) {
-            asm volatile("cp.async.wait_group %0;" ::"n"(NS - 2) : "memory");
-            __syncthreads();
-            if (s + NS - 1 < ns)
-                load_stage(s + NS - 1, buf == 0 ? NS - 1 : buf - 1, std::false_type());
-            else
-                asm volatile("cp.async.commit_group;" ::: "memory");
+            stage_begin(s, buf, std::false_type());
             const unsigned char *base = sgen + buf * STAGE;
             const float *Ss = (const float *)(base + XB);
             const uint32_t *Ws = (const uint32_t *)(base + XB + MXC_MM_T * MM_KC * 4);
