@@ -145,6 +145,9 @@ typedef struct cu_ctx {
     int fuse_on;                 /* MLXCEL_CUDA_FUSE (the q/k/v heads inside the attention kernel) */
     int *att_cnt, *route_cnt;    /* zeroed counters of the kernels whose last block finishes the work */
     int moe_router;              /* one token's router inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER) */
+    int rp_on;                   /* one token's router folded into o_proj (MLXCEL_CUDA_ROUTER_IN_O) */
+    float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
+    double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
     float *one_W;                /* [1] = 1 */
     cu_buf dec, pre;
@@ -824,6 +827,10 @@ typedef struct call {
      * (its own cache and position); NULL: the T tokens are q's */
     cu_seq *const *seqs;
     const int *pos_of;           /* [T] with seqs: each token's position */
+    /* run_pass_fused: the layer's FFN norm input, for o_proj to route
+     * (mxc_matvec_stream_rp); pre_routed: it did, ffn launches no router */
+    const mxc_norm_in *rp_fn;
+    int pre_routed;
 } call;
 
 static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e);
@@ -924,6 +931,66 @@ static int qkv_one_launch(const cu_ctx *c, const cu_layer *cl)
            k->dt == q->dt && v->dt == q->dt;
 }
 
+/* Layer l's router matvec of one token: the router's rows, then the
+ * shared expert's gate row. */
+static mxc_mv router_mv(const cu_ctx *c, const cu_layer *cl, const cu_buf *b)
+{
+    mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
+    if (cl->sgate_i >= 0) {
+        mv.n = 2;
+        mv.m[1] = c->mats[cl->sgate_i];
+        mv.y[1] = b->glog;
+        mv.ldy[1] = 1;
+    }
+    return mv;
+}
+
+/* Layer l's softmax top-k routing of the call's T tokens (on the GPU). */
+static mxc_route route_of(const call *k, int l)
+{
+    const cu_ctx *c = k->c;
+    const cu_layer *cl = &c->layers[l];
+    const cu_buf *b = k->b;
+    return (mxc_route){.logits = b->rl, .T = k->T, .E = cl->E, .k = cl->k,
+                       .norm_topk = c->m->layers[l].moe.rule.norm_topk, .expert_scale = cl->expert_scale,
+                       .n_extra = cl->n_extra, .glog = cl->sgate_i >= 0 ? b->glog : NULL, .P = b->P, .W = b->W};
+}
+
+static long g_rp_launches;
+
+long mx_cuda_rp_launches(void) { return g_rp_launches; }
+
+/* o_proj of one token with layer l's router folded in
+ * (mxc_matvec_stream_rp): 1 when launched, 0 when it does not apply. */
+static int oproj_routed(call *k, int l, mx_err *e)
+{
+    cu_ctx *c = k->c;
+    const cu_layer *cl = &c->layers[l];
+    const mxc_norm_in *fn = k->rp_fn;
+    cu_buf *b = k->b;
+    if (!c->rp_on || !fn || k->T != 1 || k->seqs || k->tr || !cl->is_moe || !cl->route_fused || c->moe_router ||
+        fn->b || cl->rin_w || fn->dl.D != b->out || !fn->has || fn->dl.K)
+        return 0;
+    const mxc_mv rv = router_mv(c, cl, b);
+    mxc_rpart rp = {.rv = rv, .x = fn->x, .w = fn->w, .eps = fn->eps, .x_out = fn->x_out, .part = c->rp_part,
+                    .ss = c->rp_ss, .max_blocks = MXC_RP_MAX_BLOCKS};
+    for (int i = 0; i < rv.n; i++)
+        rp.E += (int)rv.m[i].rows;
+    const mxc_mv mv = {.n = 1, .m = {c->mats[cl->oi]}, .y = {b->out}, .ldy = {c->m->d}};
+    rp.rows = mv.m[0].rows;
+    const mxc_route r = route_of(k, l);
+    const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
+    if (rc < 0)
+        return 0;
+    if (rc) {
+        cu_fail(e, (cudaError_t)rc, "mxc_matvec_stream_rp");
+        return -1;
+    }
+    k->pre_routed = 1;
+    g_rp_launches++;
+    return 1;
+}
+
 /* The attention block of layer l; nin (one token, fused norms): the q/k/v
  * matvec stages the attention norm itself. */
 static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
@@ -974,6 +1041,8 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
         return rc;
     if (a->out_gate)
         KL(mxc_out_gate(c->st, b->att, b->q, a->q.rows, T, a->n_heads, a->head_dim));
+    if ((rc = oproj_routed(k, l, e)))
+        return rc < 0 ? e->code : MX_OK;
     return linear(k, cl->oi, b->att, a->q_dim, b->out, d, T, e);
 }
 
@@ -1500,17 +1569,12 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
     /* router logits and the shared expert's gate logit (and, fused, the
      * routes: the matvec's last block) */
     int routed = 0;
-    mxc_route r = {.logits = b->rl, .T = T, .E = cl->E, .k = cl->k,
-                   .norm_topk = m->layers[l].moe.rule.norm_topk, .expert_scale = cl->expert_scale,
-                   .n_extra = cl->n_extra, .glog = cl->sgate_i >= 0 ? b->glog : NULL, .P = b->P, .W = b->W};
-    if (T == 1 && (nin || cl->route_fused)) {
-        mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
-        if (cl->sgate_i >= 0) {
-            mv.n = 2;
-            mv.m[1] = c->mats[cl->sgate_i];
-            mv.y[1] = b->glog;
-            mv.ldy[1] = 1;
-        }
+    mxc_route r = route_of(k, l);
+    if (k->pre_routed) {   /* o_proj's last block routed (oproj_routed) and wrote the residual */
+        k->pre_routed = 0;
+        routed = 1;
+    } else if (T == 1 && (nin || cl->route_fused)) {
+        mxc_mv mv = router_mv(c, cl, b);
         routed = cl->route_fused;
         if (routed && nin && !k->seqs && c->moe_router && cl->s_bits && takes_fused(cl, k->fused) &&
             !(k->tr && k->tr->router_logits)) {
@@ -1524,13 +1588,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
         }
         KL(mxc_matvec_stream(c->st, &mv, nin ? NULL : rx, nin, routed ? &r : NULL, c->route_cnt));
     } else if (T <= MXC_MV_MAXT) {
-        mxc_mv mv = {.n = 1, .m = {c->mats[cl->router_i]}, .y = {b->rl}, .ldy = {cl->E}};
-        if (cl->sgate_i >= 0) {
-            mv.n = 2;
-            mv.m[1] = c->mats[cl->sgate_i];
-            mv.y[1] = b->glog;
-            mv.ldy[1] = 1;
-        }
+        mxc_mv mv = router_mv(c, cl, b);
         KL(mxc_matvec(c->st, &mv, rx, d, T));
     } else if (router_gate_one_launch(c, cl)) {
         /* the router and the shared expert's one-row gate in one launch on
@@ -1683,10 +1741,14 @@ static int run_pass_fused(call *k, mx_err *e)
         const mxc_norm_in an = {.x = xa, .dl = dl, .has = has, .w = cl->an_w, .b = cl->an_b, .eps = m->eps,
                                 .x_out = xb};
         t = xa, xa = xb, xb = t;
-        if ((rc = attention(k, l, &an, e)))
-            return rc;
         const mxc_norm_in fn = {.x = xa, .dl = {.D = b->out}, .has = 1, .w = cl->fn_w, .b = cl->fn_b,
                                 .eps = m->eps, .x_out = xb};
+        k->rp_fn = &fn;   /* o_proj may route the token itself (oproj_routed) */
+        k->pre_routed = 0;
+        rc = attention(k, l, &an, e);
+        k->rp_fn = NULL;
+        if (rc)
+            return rc;
         if ((rc = ffn(k, l, &fn, &dl, e)))
             return rc;
         t = xa, xa = xb, xb = t;
@@ -2026,6 +2088,8 @@ static void cu_free(void *ctx)
     cudaFree(c->one_P);
     cudaFree(c->att_cnt);
     cudaFree(c->route_cnt);
+    cudaFree(c->rp_part);
+    cudaFree(c->rp_ss);
     cudaFree(c->one_W);
     cudaFreeHost(c->h_tok);
     cudaFreeHost(c->h_pos);
@@ -2190,6 +2254,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     }
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
+    c->rp_on = mx_env_flag("MLXCEL_CUDA_ROUTER_IN_O", 1);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);
@@ -2263,6 +2328,10 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = dalloc(&c->route_cnt, 2 * sizeof(int));   /* the counter, then the routes' flag */
     if (ce == cudaSuccess)
         ce = cudaMemset(c->route_cnt, 0, 2 * sizeof(int));
+    if (ce == cudaSuccess && c->rp_on)
+        ce = dalloc(&c->rp_part, sizeof(float) * MXC_RP_MAX_BLOCKS * MXC_RP_MAX_ROWS);
+    if (ce == cudaSuccess && c->rp_on)
+        ce = dalloc(&c->rp_ss, sizeof(double) * MXC_RP_MAX_BLOCKS);
     if (ce == cudaSuccess)
         ce = dalloc(&c->one_P, sizeof(int));
     if (ce == cudaSuccess)

@@ -284,6 +284,32 @@ typedef struct mxc_route {
 } mxc_route;
 int mxc_route_softmax(cudaStream_t st, const mxc_route *r);
 
+/* One token's router folded into the streaming matvec before it (o_proj):
+ * y = M x is what the FFN's RMSNorm adds to the residual x_res, so the
+ * router rows rv (the router, and the shared expert's gate) against
+ * rmsnorm(x_res + y) are 1 / rms times their sums against w * (x_res + y),
+ * which each block adds up over its own rows of y; the last block sums
+ * the blocks' partials in block order, scales them, writes rv's outputs
+ * and routes the token (rt; cnt: a device int, zero, left zero).  Every
+ * block writes its rows of x_res + y to x_out.  -1 (nothing launched) where
+ * it does not apply: then the router is a launch of its own. */
+#define MXC_RP_MAX_ROWS 256
+#define MXC_RP_MAX_BLOCKS 1024
+typedef struct mxc_rpart {
+    mxc_mv rv;                   /* the router's matrices (4 or 8 bits) and outputs */
+    int E;                       /* rv's rows in all */
+    int64_t rows;                /* y's rows (rv's columns) */
+    const float *x;              /* the residual y is added to */
+    const float *w;              /* the RMSNorm's weight */
+    float eps;
+    float *x_out;                /* x + y */
+    float *part;                 /* [max_blocks][E] scratch */
+    double *ss;                  /* [max_blocks] scratch */
+    int max_blocks;
+} mxc_rpart;
+int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+                         const mxc_route *rt, int *cnt);
+
 /* One token's expert sum, out = sum_j W[j] down_j(act(gate_j x) * up_j x)
  * over slots j in [lo, hi).  table holds 3 matrices (gate, up, down) per
  * slot kind, kind P[j]; off[j] is slot j's first row of h. */

@@ -3243,17 +3243,24 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
 
 /* k_route for one token by one warp, E <= MXC_ROUTE_FUSED_MAX (each lane
  * keeps its experts' numerators in registers): the same arithmetic and
- * ties.  Reads what other blocks of the launch wrote: through L2. */
-__device__ __noinline__ void route_small(const mxc_route &r, int lane)
+ * ties.  Reads what other blocks of the launch wrote: through L2; or the
+ * logits (and the gate logit) from lsm (and gsm), shared memory the
+ * caller's block wrote.  Lane j keeps the j-th choice, so the weights are
+ * finished and stored by the lanes at once: no store read back (each one a
+ * round trip to L2 in a chain at the end of a launch that phase 1 waits
+ * for). */
+__device__ __noinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
+                                         const float *gsm = nullptr)
 {
     constexpr int NP = MXC_ROUTE_FUSED_MAX / 32;
     const int E = r.E;
     float p[NP];
     float mx = -INFINITY;
+    const float gv = !r.glog ? 0.0f : gsm ? *gsm : __ldcg(r.glog);
 #pragma unroll
     for (int q = 0; q < NP; q++) {
         const int i = lane + 32 * q;
-        p[q] = i < E ? __ldcg(r.logits + i) : -INFINITY;
+        p[q] = i >= E ? -INFINITY : lsm ? lsm[i] : __ldcg(r.logits + i);
         mx = fmaxf(mx, p[q]);
     }
     mx = warp_max(mx);
@@ -3266,7 +3273,8 @@ __device__ __noinline__ void route_small(const mxc_route &r, int lane)
         }
     sum = warp_sum(sum);
     unsigned taken = 0;
-    float wsum = 0.0f;
+    float wsum = 0.0f, myw = 0.0f;
+    int myp = 0;
     for (int j = 0; j < r.k; j++) {
         int best = -1;
         float bv = -INFINITY;
@@ -3283,24 +3291,37 @@ __device__ __noinline__ void route_small(const mxc_route &r, int lane)
         }
         if ((best & 31) == lane)
             taken |= 1u << (best >> 5);
-        if (lane == 0) {
+        if (lane == (j & 31)) {
+            myp = best;
+            myw = bv / sum;
+        }
+        if (r.k > 32 && lane == 0) {
             r.P[j] = best;
             r.W[j] = bv / sum;
         }
         wsum += bv / sum;
     }
-    if (lane == 0) {
+    if (r.k <= 32) {   /* lane j's choice still in its registers */
+        if (lane < r.k) {
+            if (r.norm_topk)
+                myw /= wsum;
+            if (r.expert_scale)
+                myw *= r.expert_scale[myp];
+            r.P[lane] = myp;
+            r.W[lane] = myw;
+        }
+    } else if (lane == 0) {
         for (int j = 0; j < r.k; j++) {
             if (r.norm_topk)
                 r.W[j] /= wsum;
             if (r.expert_scale)
                 r.W[j] *= r.expert_scale[r.P[j]];
         }
-        const int K = r.k + r.n_extra;
-        for (int m = r.k; m < K; m++) {
-            r.P[m] = E + (m - r.k);
-            r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-__ldcg(r.glog))) : 1.0f;
-        }
+    }
+    const int K = r.k + r.n_extra;
+    for (int m = r.k + lane; m < K; m += 32) {
+        r.P[m] = E + (m - r.k);
+        r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
     }
 }
 
@@ -3963,6 +3984,197 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
     mvs_blocks<BITS, DT, R, IX, RING>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
 }
 
+/* ---- one token's router folded into o_proj (mxc_rpart) ------------------------------
+ *
+ * The router of a one-token step reads rmsnorm(x + y), y the o_proj output
+ * just made, and an RMSNorm is one scalar (1 / rms) times w * (x + y).  So
+ * the router's logits are 1 / rms times sum_j W[e][j] w[j] (x[j] + y[j]),
+ * a sum over the rows of y that o_proj's blocks each have part of: every
+ * block adds up its own rows' terms (and their squares) once its rows are
+ * stored, the launch's last block adds the blocks' partials in block order
+ * (the same bits every run), scales them by 1 / rms and routes, as the
+ * router launch's last block did.  That launch (61 rows on 8 SMs, each
+ * staging the whole norm; about 11 us of a 61 us qwen1.5 layer) is gone. */
+
+/* Router row e of rv: matrix *mi, its row *lr. */
+__device__ __forceinline__ void rp_locate(const mxc_mv &rv, int e, int *mi, int64_t *lr)
+{
+    int i = 0;
+    int64_t r = e;
+    while (i < rv.n - 1 && r >= rv.m[i].rows)
+        r -= rv.m[i++].rows;
+    *mi = i;
+    *lr = r;
+}
+
+/* A block's rows of y: WARPS x R consecutive ones, each warp one group of
+ * R (the launch has a group for every warp: launch_mvs_rp), inside one
+ * quantization group of the router's columns.  Thread e < E keeps router
+ * row e's words of those columns (at most 8: 32 columns of 8 bits) and
+ * their scale and bias, loaded before the walk (nothing an earlier kernel
+ * writes), in registers across it. */
+#define RP_WORDS 8
+struct rp_row {
+    uint32_t w[RP_WORDS];
+    float s, b;
+    float x, nw;   /* warp 0, lane c < WARPS x R: the residual and the norm's weight at row c */
+};
+
+template <int R>
+__device__ __forceinline__ void rp_load(const mxc_rpart &rp, rp_row &k)
+{
+    constexpr int span = WARPS * R;
+    const int e = threadIdx.x;
+    const int64_t c0 = (int64_t)blockIdx.x * span;
+    /* x: q/k/v's block 0 wrote it two launches back (complete) */
+    if (e < span && c0 + e < rp.rows) {
+        k.x = __ldcg(rp.x + c0 + e);
+        k.nw = __ldg(rp.w + c0 + e);
+    }
+    if (e >= rp.E)
+        return;
+    int mi;
+    int64_t lr;
+    rp_locate(rp.rv, e, &mi, &lr);
+    const mxc_mat &m = rp.rv.m[mi];
+    const int nw = span * m.bits / 32;
+    const uint32_t *w = (const uint32_t *)m.w + (lr * m.cols + c0) * m.bits / 32;
+#pragma unroll
+    for (int i = 0; i < RP_WORDS; i++)
+        k.w[i] = i < nw && c0 + (i + 1) * 32 / m.bits <= m.cols ? __ldg(w + i) : 0u;
+    const int64_t gi = lr * (m.cols / m.gs) + c0 / m.gs;
+    k.s = ldf(m.s, m.dt, gi);
+    k.b = ldf(m.b, m.dt, gi);
+}
+
+/* After the walk: the block's partial of every router row (thread e) and
+ * of the squares, then the launch's last block's logits and routes (rt,
+ * cnt as mvs_blocks'). */
+template <int R>
+__device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp, const mxc_route &rt, int *cnt,
+                                          const rp_row &k)
+{
+    constexpr int span = WARPS * R;   /* at most 32: one warp's lanes */
+    constexpr int NB = 32;            /* partials a thread asks for at once */
+    __shared__ float gh[span];
+    __shared__ float part[THREADS];
+    __shared__ float lg[THREADS];   /* the logits, for route_small */
+    __shared__ int last;
+    __shared__ float rnorm;
+    const int E = rp.E, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nblk = gridDim.x;
+    const int64_t rows = mv.m[0].rows, c0 = (int64_t)blockIdx.x * span;
+    __syncthreads();   /* every warp's rows of y stored */
+    if (warp == 0) {
+        double ss = 0.0;
+        if (lane < span) {
+            float v = 0.0f;
+            if (c0 + lane < rows) {
+                const float h = k.x + mv.y[0][c0 + lane];
+                if (rp.x_out)
+                    rp.x_out[c0 + lane] = h;
+                ss = (double)h * h;
+                v = k.nw * h;
+            }
+            gh[lane] = v;
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            rp.ss[blockIdx.x] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < E) {
+        int mi;
+        int64_t lr;
+        rp_locate(rp.rv, threadIdx.x, &mi, &lr);
+        float a = 0.0f;
+        if (rp.rv.m[mi].bits == 8) {   /* constant word indices: k.w stays in registers */
+#pragma unroll
+            for (int c = 0; c < span; c++)
+                a = fmaf(fmaf(k.s, (float)((k.w[c / 4] >> ((c % 4) * 8)) & 255u), k.b), gh[c], a);
+        } else {
+#pragma unroll
+            for (int c = 0; c < span; c++)
+                a = fmaf(fmaf(k.s, (float)((k.w[c / 8] >> ((c % 8) * 4)) & 15u), k.b), gh[c], a);
+        }
+        rp.part[(int64_t)blockIdx.x * E + threadIdx.x] = a;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(cnt, 1) == nblk - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    /* Q threads a router row, thread q of them the blocks q, q + Q, ...,
+     * NB loads in flight at a time; then the Q sums in order */
+    const int Q = THREADS / E >= WARPS ? WARPS : THREADS / E;
+    if (threadIdx.x < E * Q) {
+        const int e = threadIdx.x % E, q = threadIdx.x / E;
+        float s = 0.0f;
+        for (int b0 = q; b0 < nblk; b0 += NB * Q) {
+            float v[NB];
+#pragma unroll
+            for (int u = 0; u < NB; u++) {
+                const int b = b0 + u * Q;
+                v[u] = b < nblk ? __ldcg(rp.part + (int64_t)b * E + e) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < NB; u++)
+                s += v[u];
+        }
+        part[q * E + e] = s;
+    }
+    if (warp == 0) {
+        double s = 0.0;
+        for (int b0 = lane; b0 < nblk; b0 += 8 * 32) {
+            double v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                v[u] = b0 + 32 * u < nblk ? __ldcg(rp.ss + b0 + 32 * u) : 0.0;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                s += v[u];
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0)
+            rnorm = 1.0f / sqrtf((float)(s / (double)rows) + rp.eps);
+    }
+    __syncthreads();
+    if (threadIdx.x < E) {
+        float s = 0.0f;
+        for (int q = 0; q < Q; q++)
+            s += part[q * E + threadIdx.x];
+        int mi;
+        int64_t lr;
+        rp_locate(rp.rv, threadIdx.x, &mi, &lr);
+        const float *bias = rp.rv.m[mi].bias;
+        lg[threadIdx.x] = rnorm * s + (bias ? bias[lr] : 0.0f);
+        rp.rv.y[mi][lr] = lg[threadIdx.x];   /* for nothing in this step (a trace, a test) */
+    }
+    __syncthreads();
+    if (warp == 0)   /* the router's rows first, then the gate's */
+        route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
+    if (threadIdx.x == 0)
+        *cnt = 0;
+}
+
+template <int BITS, int DT, int R>
+__global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ mxc_mv mv, const float *x, int64_t G,
+                                                      int nch, const __grid_constant__ mxc_rpart rp,
+                                                      const __grid_constant__ mxc_route rt, int *cnt)
+{
+    rp_row k;
+    rp_load<R>(rp, k);
+    const mxc_norm_in no = {};
+    mvs_blocks<BITS, DT, R, true, true>(mv, x, G, nch, no, 0, rt, nullptr, blockIdx.x, gridDim.x);
+    rp_finish<R>(mv, rp, rt, cnt, k);
+}
+
 /* mxc_matvec of 2 .. NT tokens (a batched decode step's rows) as k_mvs
  * walks one: the digits of every token's x staged once per block, each
  * row group's weights loaded once and dotted with all of them.  (The
@@ -4357,6 +4569,70 @@ static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const
     if ((mv_groups(mv, 2) + WARPS - 1) / WARPS >= enough)
         return launch_mvs<BITS, DT, 2, IX, RING>(st, mv, x, nin, rt, cnt);
     return launch_mvs<BITS, DT, 1, IX, RING>(st, mv, x, nin, rt, cnt);
+}
+
+/* k_mvs_rp with R rows a warp; -1 when the launch would have more blocks
+ * than rp's scratch. */
+template <int BITS, int DT, int R>
+static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+                         const mxc_route *rt, int *cnt)
+{
+    const int64_t G = mv_groups(mv, R);
+    const size_t smem = ring_bytes<BITS, R, true>() + stage_bytes(mv->m[0].cols, true);
+    const int64_t nb = (G + WARPS - 1) / WARPS,
+                  fit = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, R>, smem) * sm_count();
+    /* a group for every warp, in one quantization group of the router */
+    if (nb > fit || nb > rp->max_blocks)
+        return -1;
+    for (int i = 0; i < rp->rv.n; i++)
+        if (rp->rv.m[i].gs % (WARPS * R) || WARPS * R * rp->rv.m[i].bits / 32 > RP_WORDS)
+            return -1;
+    return launch_k(k_mvs_rp<BITS, DT, R>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
+                    *rp, *rt, cnt);
+}
+
+/* launch_mvs_r's choice of rows a warp, for k_mvs_rp. */
+template <int BITS, int DT>
+static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+                           const mxc_route *rt, int *cnt)
+{
+    constexpr int RMAX = BITS == 4 ? 4 : 2;
+    const size_t smem = ring_bytes<BITS, RMAX, true>() + stage_bytes(mv->m[0].cols, true);
+    const int64_t enough = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, RMAX>, smem) * sm_count() * 3 / 4;
+    if constexpr (RMAX == 4) {
+        if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
+            return launch_mvs_rp<BITS, DT, 4>(st, mv, x, rp, rt, cnt);
+    }
+    if ((mv_groups(mv, 2) + WARPS - 1) / WARPS >= enough)
+        return launch_mvs_rp<BITS, DT, 2>(st, mv, x, rp, rt, cnt);
+    return launch_mvs_rp<BITS, DT, 1>(st, mv, x, rp, rt, cnt);
+}
+
+int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+                         const mxc_route *rt, int *cnt)
+{
+    /* the integer kernels through the ring only (the default); one matrix
+     * whose rows are the router's columns; routers of 4 or 8 bits */
+    if (!g_idot || !g_ring || mv->n != 1 || !mxc_stream_ok(mv->m, 1) || ((uintptr_t)x & 15) ||
+        rt->E > MXC_ROUTE_FUSED_MAX || rp->E < 1 || rp->E > MXC_RP_MAX_ROWS || rp->E > THREADS || rp->rv.n < 1 || rp->rv.n > 4)
+        return -1;
+    int E = 0;
+    for (int i = 0; i < rp->rv.n; i++) {
+        const mxc_mat *m = &rp->rv.m[i];
+        if ((m->bits != 4 && m->bits != 8) || m->cols != mv->m[0].rows || m->gs < 32 || m->cols % m->gs)
+            return -1;
+        E += (int)m->rows;
+    }
+    if (E != rp->E || rp->rows != mv->m[0].rows)
+        return -1;
+    const int bits = mv->m[0].bits, dt = mv->m[0].dt;
+#define MXC_MVRP(B, D) \
+    if (bits == B && dt == D) \
+        return launch_mvs_rp_r<B, D>(st, mv, x, rp, rt, cnt);
+    MXC_MVRP(4, MXC_F16) MXC_MVRP(4, MXC_BF16) MXC_MVRP(4, MXC_F32)
+    MXC_MVRP(8, MXC_F16) MXC_MVRP(8, MXC_BF16) MXC_MVRP(8, MXC_F32)
+#undef MXC_MVRP
+    return -1;
 }
 
 int mxc_stream_ok(const mxc_mat *ms, int n)
