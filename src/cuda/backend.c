@@ -146,6 +146,7 @@ typedef struct cu_ctx {
     int *att_cnt, *route_cnt;    /* zeroed counters of the kernels whose last block finishes the work */
     int moe_router;              /* one token's router inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER) */
     int rp_on;                   /* one token's router folded into o_proj (MLXCEL_CUDA_ROUTER_IN_O) */
+    int extras_first;            /* phase 1 of one token: the extra slots first (MLXCEL_CUDA_EXTRAS_FIRST) */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
     double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
@@ -1276,6 +1277,13 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                 }
             }
             if (rc < 0) {
+                if (c->extras_first && cl->n_extra > 0 && cl->k > 0 && P != c->one_P) {
+                    /* the shared experts' rows first, asked for before
+                     * phase 1 waits for the routes */
+                    p.extras_first = 1;
+                    p.n_routed = cl->k;
+                    p.kind0 = cl->E;
+                }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
             } else {
                 KL(rc);
@@ -2255,6 +2263,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
     c->rp_on = mx_env_flag("MLXCEL_CUDA_ROUTER_IN_O", 1);
+    c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);

@@ -338,6 +338,11 @@ typedef struct mxc_moe1 {
     /* mxc_moe_stream_tokens: slots [0, hi) are kp a token, token t's x at
      * x + t * d (0: one token) */
     int kp;
+    /* mxc_moe_stream of one token through the ring: slots [n_routed, hi)
+     * are kinds kind0 + j - n_routed, known before the routes, so phase 1
+     * walks their rows first and asks for its first weights before it
+     * waits for the kernel that routes */
+    int extras_first;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

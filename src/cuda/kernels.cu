@@ -4207,10 +4207,19 @@ struct moe1_src {
     const mxc_mat *sm;
     int lj;
     int64_t lr;
-    __device__ moe1_src(const mxc_moe1 &q, const mxc_mat *s) : p(q), sm(s), lj(q.lo), lr(0) {}
+    int shift, G;   /* group g is group (g + shift) mod G of the slots' rows (extras_first) */
+    __device__ moe1_src(const mxc_moe1 &q, const mxc_mat *s, int sh = 0, int g = 0)
+        : p(q), sm(s), lj(q.lo), lr(0), shift(sh), G(g) {}
+    __device__ __forceinline__ int64_t at(int64_t g) const
+    {
+        const int gg = (int)g + shift;
+        return gg >= G && shift ? gg - G : gg;
+    }
     __device__ __forceinline__ void locate(int64_t g)
     {
-        const int64_t lgr = p.off[p.lo] + 2 * g;
+        const int64_t lgr = p.off[p.lo] + 2 * at(g);
+        if (lgr < p.off[lj])   /* wrapped round to the routed slots */
+            lj = p.lo;
         while (lgr >= p.off[lj + 1])
             lj++;
         lr = lgr - p.off[lj];
@@ -4240,7 +4249,7 @@ struct moe1_src {
     }
     __device__ __forceinline__ void store(int64_t g, const float *v, int lane)
     {
-        const int64_t ogr = p.off[p.lo] + 2 * g;
+        const int64_t ogr = p.off[p.lo] + 2 * at(g);
         if (lane == 0)
             p.h[ogr] = glu(p.act, v[0], v[2]);
         else if (lane == 1)
@@ -4257,15 +4266,43 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     unsigned char *ring = (unsigned char *)smem_f4;
     uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, 4, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
-    pdl_enter();
-    load_slots(p, sm, 0, 2);
+    const bool pre = RING && !MT && p.extras_first;
+    int64_t shift = 0;
+    if (pre) {   /* the extra slots' matrices: no route needed */
+        for (int i = threadIdx.x; i < (p.hi - p.n_routed) * 2; i += blockDim.x) {
+            const int j = p.n_routed + i / 2;
+            sm[2 * (j - p.lo) + i % 2] = p.table[3 * (p.kind0 + j - p.n_routed) + i % 2];
+        }
+        __syncthreads();
+        shift = (p.off[p.n_routed] - p.off[p.lo]) / 2;
+    } else {
+        pdl_enter();
+        load_slots(p, sm, 0, 2);
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
-    moe1_src<BITS, DT, MT> src(p, sm);
+    moe1_src<BITS, DT, MT> src(p, sm, (int)shift, (int)G);
     using Walk = std::conditional_t<RING, mv_ring<BITS, 4, moe1_src<BITS, DT, MT>>,
                                     mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT, MT>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, 4, RING>() / WARPS : 0));
-    walk.prime(src);   /* the first weights in flight while x is staged */
+    /* the first weights in flight while x is staged; with pre, before the
+     * wait where the warp's first group is an extra slot's and holds all
+     * the primed items (the next group may be a routed slot's) */
+    bool early = !pre;
+    if constexpr (RING)
+        early = early || (g + shift < G && ring_geom<BITS, 4>::D - 1 <= ((nch + 31) >> 5));
+    if (early)
+        walk.prime(src);
+    if (pre) {
+        pdl_enter();
+        for (int i = threadIdx.x; i < (p.n_routed - p.lo) * 2; i += blockDim.x) {
+            const int j = p.lo + i / 2;
+            sm[2 * (j - p.lo) + i % 2] = p.table[3 * p.P[j] + i % 2];
+        }
+        __syncthreads();
+        if (!early)
+            walk.prime(src);
+    }
     if constexpr (IX && MT) {   /* a batched step's tokens, all of them (p.x rows d apart) */
         for (int t = 0; t < (p.hi - p.lo) / p.kp; t++)
             stage_digits<BITS>(p.x + t * p.d, 32, nch, dg + (int64_t)t * nch * DS);
