@@ -557,6 +557,17 @@ static int load_two(const char *dir, mx_model **a, mx_model **b)
 /* The checkpoint in dir (named name in messages) on the GPU against the
  * CPU: an n-token random prompt's logits at every position, then `steps`
  * greedy steps, within 1e-3 and the same ids. */
+/* a on the GPU with var=1, b with var=0 (the switch read when the
+ * device is selected) */
+static void cuda_pair(mx_model *a, mx_model *b, const char *var, mx_err *e)
+{
+    setenv(var, "1", 1);
+    CHECK_OK(mx_device_select(a, "cuda", e), e);
+    setenv(var, "0", 1);
+    CHECK_OK(mx_device_select(b, "cuda", e), e);
+    unsetenv(var);
+}
+
 static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int window, int ctx)
 {
     mx_err e = {0};
@@ -621,11 +632,7 @@ static void kjv_router(const char *dir)
     if (!load_two(dir, &a, &b))
         goto out;
     setenv("MLXCEL_CUDA_ROUTER_IN_O", "0", 1);   /* against the router's own launch */
-    setenv("MLXCEL_CUDA_MOE_ROUTER", "1", 1);
-    CHECK_OK(mx_device_select(a, "cuda", &e), &e);
-    setenv("MLXCEL_CUDA_MOE_ROUTER", "0", 1);
-    CHECK_OK(mx_device_select(b, "cuda", &e), &e);
-    unsetenv("MLXCEL_CUDA_MOE_ROUTER");
+    cuda_pair(a, b, "MLXCEL_CUDA_MOE_ROUTER", &e);
     unsetenv("MLXCEL_CUDA_ROUTER_IN_O");
     if (!a->backend || !b->backend)
         goto out;
@@ -680,11 +687,7 @@ static void kjv_router_in_o(const char *dir)
     mx_model *a = NULL, *b = NULL;
     if (!load_two(dir, &a, &b))
         goto out;
-    setenv("MLXCEL_CUDA_ROUTER_IN_O", "1", 1);
-    CHECK_OK(mx_device_select(a, "cuda", &e), &e);
-    setenv("MLXCEL_CUDA_ROUTER_IN_O", "0", 1);
-    CHECK_OK(mx_device_select(b, "cuda", &e), &e);
-    unsetenv("MLXCEL_CUDA_ROUTER_IN_O");
+    cuda_pair(a, b, "MLXCEL_CUDA_ROUTER_IN_O", &e);
     if (!a->backend || !b->backend)
         goto out;
     const int V = a->vocab, n = 7, steps = 40;
@@ -740,11 +743,7 @@ static void kjv_same_bits(const char *dir, const char *var, const char *what)
     mx_model *a = NULL, *b = NULL;
     if (!load_two(dir, &a, &b))
         goto out;
-    setenv(var, "1", 1);
-    CHECK_OK(mx_device_select(a, "cuda", &e), &e);
-    setenv(var, "0", 1);
-    CHECK_OK(mx_device_select(b, "cuda", &e), &e);
-    unsetenv(var);
+    cuda_pair(a, b, var, &e);
     if (!a->backend || !b->backend)
         goto out;
     const int V = a->vocab, n = 6, steps = 16;
