@@ -147,6 +147,9 @@ typedef struct cu_ctx {
     int moe_router;              /* one token's router inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER) */
     int rp_on;                   /* one token's router folded into o_proj (MLXCEL_CUDA_ROUTER_IN_O) */
     int extras_first;            /* phase 1 of one token: the extra slots first (MLXCEL_CUDA_EXTRAS_FIRST) */
+    int qkv_early;               /* q/k/v lets the attention launch right after its wait (MLXCEL_CUDA_QKV_EARLY) */
+    int moe2_early;              /* phase 2 lets the next q/k/v launch right after its wait (MLXCEL_CUDA_MOE2_EARLY) */
+    int route_in_p1;             /* phase 1 routes from o_proj's router partials (MLXCEL_CUDA_ROUTE_IN_P1) */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
     double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
@@ -832,6 +835,11 @@ typedef struct call {
      * (mxc_matvec_stream_rp); pre_routed: it did, ffn launches no router */
     const mxc_norm_in *rp_fn;
     int pre_routed;
+    /* rp_defer: o_proj left the router's partials (rp, its route rt) for
+     * phase 1 to sum and route (MLXCEL_CUDA_ROUTE_IN_P1) */
+    int rp_defer;
+    mxc_rpart rp;
+    mxc_route rt;
 } call;
 
 static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e);
@@ -963,6 +971,8 @@ long mx_cuda_rp_launches(void) { return g_rp_launches; }
 
 /* o_proj of one token with layer l's router folded in
  * (mxc_matvec_stream_rp): 1 when launched, 0 when it does not apply. */
+static int takes_fused(const cu_layer *cl, int fused_on);
+
 static int oproj_routed(call *k, int l, mx_err *e)
 {
     cu_ctx *c = k->c;
@@ -980,6 +990,10 @@ static int oproj_routed(call *k, int l, mx_err *e)
     const mxc_mv mv = {.n = 1, .m = {c->mats[cl->oi]}, .y = {b->out}, .ldy = {c->m->d}};
     rp.rows = mv.m[0].rows;
     const mxc_route r = route_of(k, l);
+    /* phase 1 routes where it takes the one-token streaming kernels with
+     * the extra slots first (moe_one: the path that reads rp) */
+    rp.defer = c->route_in_p1 && takes_fused(cl, k->fused) && cl->s_bits && c->extras_first && cl->n_extra > 0 &&
+               cl->k > 0;
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
     if (rc < 0)
         return 0;
@@ -988,6 +1002,11 @@ static int oproj_routed(call *k, int l, mx_err *e)
         return -1;
     }
     k->pre_routed = 1;
+    k->rp_defer = rp.defer;
+    if (rp.defer) {
+        k->rp = rp;
+        k->rt = r;
+    }
     g_rp_launches++;
     return 1;
 }
@@ -1005,7 +1024,8 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
     const int nm = cl->vi >= 0 ? 3 : 2;   /* k = v layers: no v projection */
     if (T <= MXC_MV_MAXT) {
         mxc_mv mv = {.n = nm, .m = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi >= 0 ? cl->vi : cl->ki]},
-                     .y = {b->q, b->k, b->v}, .ldy = {a->q.rows, a->kv_dim, a->kv_dim}};
+                     .y = {b->q, b->k, b->v}, .ldy = {a->q.rows, a->kv_dim, a->kv_dim},
+                     .early = T == 1 && c->qkv_early};
         if (nin)
             KL(mxc_matvec_stream(c->st, &mv, NULL, nin, NULL, NULL));
         else
@@ -1256,7 +1276,7 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
     const int64_t d = c->m->d, Kp = cl->Kp, r = t;
     mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P + r * Kp, .W = W + r * Kp, .lo = 0, .hi = cl->Kp,
                   .x = b->xn + r * d, .h = b->H + r * Kp * cl->ff_max, .out = b->ffn + r * d, .d = d,
-                  .act = c->m->act == MX_ACT_GELU_TANH};
+                  .act = c->m->act == MX_ACT_GELU_TANH, .early = c->moe2_early};
     slot_offsets(cl, p.off);
     if (cl->s_bits) {
         p.bits = cl->s_bits;
@@ -1283,6 +1303,13 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                     p.extras_first = 1;
                     p.n_routed = cl->k;
                     p.kind0 = cl->E;
+                    if (k->rp_defer) {   /* and the routes made by phase 1 (oproj_routed) */
+                        p.routes_in = 1;
+                        p.rp = k->rp;
+                        p.rp_nblk = k->rp.nblk;
+                        p.rt = k->rt;
+                        k->rp_defer = 0;
+                    }
                 }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
             } else {
@@ -1655,7 +1682,13 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
         n2 = *nin;
         n2.x_out = NULL;
     }
-    return moe_one(k, cl, 0, b->P, b->W, fused, nin ? &n2 : NULL, NULL, NULL, NULL, dl, e);
+    if ((rc = moe_one(k, cl, 0, b->P, b->W, fused, nin ? &n2 : NULL, NULL, NULL, NULL, dl, e)))
+        return rc;
+    if (k->rp_defer) {   /* oproj_routed's condition and moe_one's path disagree: no routes made */
+        k->rp_defer = 0;
+        return mx_fail(e, MX_EUNSUPPORTED, "device cuda: layer %d: phase 1 did not take o_proj's router partials", l);
+    }
+    return MX_OK;
 }
 
 /* Gemma 4's parallel layer l (model/forward.c's ffn_parallel), b->xn the
@@ -2085,6 +2118,11 @@ static void cu_free(void *ctx)
     if (!c)
         return;
     cudaDeviceSynchronize();
+    {
+        const char *sp = getenv("MLXCEL_CUDA_STAMPS");
+        if (sp && *sp && mxc_stamps_dump(sp))
+            fprintf(stderr, "mlxcel: MLXCEL_CUDA_STAMPS: could not write %s\n", sp);
+    }
     buf_free(&c->dec);
     buf_free(&c->pre);
     mm_free(c);
@@ -2264,6 +2302,9 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
     c->rp_on = mx_env_flag("MLXCEL_CUDA_ROUTER_IN_O", 1);
     c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
+    c->qkv_early = mx_env_flag("MLXCEL_CUDA_QKV_EARLY", 1);
+    c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 0);
+    c->route_in_p1 = mx_env_flag("MLXCEL_CUDA_ROUTE_IN_P1", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);
@@ -2277,11 +2318,19 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = cudaEventCreateWithFlags(&c->ev_extras, cudaEventDisableTiming);
     if (ce == cudaSuccess)
         ce = cudaEventCreateWithFlags(&c->ev_lists, cudaEventDisableTiming);
-    if (ce == cudaSuccess)   /* a __constant__ of the kernels: after the device is set */
+    if (ce == cudaSuccess) {   /* __constant__s of the kernels: after the device is set */
         mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
+        mxc_set_rs_inline(mx_env_flag("MLXCEL_CUDA_RS_INLINE", 0));
+    }
     if (ce != cudaSuccess) {
         rc = cu_fail(e, ce, "starting GPU 0");
         goto fail;
+    }
+    {   /* a measuring build's phase stamps (kern.h: mxc_stamp) */
+        const char *sp = getenv("MLXCEL_CUDA_STAMPS");
+        if (sp && *sp && mxc_stamps_start((size_t)1 << 21))
+            fprintf(stderr, "mlxcel: MLXCEL_CUDA_STAMPS: this build has no stamps (-DMXC_STAMPS) or "
+                            "their ring did not fit\n");
     }
     if ((rc = upload_tensors(c, e)))
         goto fail;

@@ -79,6 +79,10 @@ typedef struct mxc_mv {
     mxc_mat m[4];
     float *y[4];
     int64_t ldy[4];
+    /* one token's streaming kernel lets its successor launch right after
+     * its wait (q/k/v: the attention's blocks are then resident beside
+     * it and make their rotation and copy old K/V rows meanwhile) */
+    int early;
 } mxc_mv;
 int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T);
 
@@ -179,6 +183,24 @@ void mxc_set_pdl(int on);
  * MLXCEL_CUDA_PDL_TRIGGER=0; off: when their last block exits). */
 void mxc_set_pdl_trigger(int on);
 
+/* Phase stamps of the one-token kernels, in a build with -DMXC_STAMPS
+ * (kernels.cu): each block's start, wait, wait's return, trigger and exit
+ * (%globaltimer ns; 0: not reached), up to three points of the kernel's
+ * own and the clocks since its start.
+ * kid: 1 + 16 R k_mvs of R rows a warp, 2 k_mvs_rp, 3 k_attend, 4
+ * k_moe1s, 5 k_moe2s, 6 k_argmax, 7 k_embed. */
+typedef struct mxc_stamp {
+    uint32_t kid, blk, smid, nblk;
+    uint64_t t[8];   /* start, wait, wait's return, trigger, exit; 5 .. 7 the kernel's own points */
+    uint32_t c[4];
+} mxc_stamp;
+
+/* A ring of cap stamps (-1 in a build without MXC_STAMPS), and its
+ * contents written to path (the count as a u64, then the stamps, oldest
+ * first). */
+int mxc_stamps_start(size_t cap);
+int mxc_stamps_dump(const char *path);
+
 /* A prompt's q/k/v heads a warp each (on unless MLXCEL_CUDA_QKV_WARP=0;
  * off: a block each, as one-token steps). */
 void mxc_set_qkv_warp(int on);
@@ -197,6 +219,10 @@ void mxc_set_ring(int on);
  * earlier steps wrote into shared memory before it waits for q/k/v (on
  * unless MLXCEL_CUDA_ATT_PRE=0). */
 void mxc_set_att_pre(int on);
+
+/* o_proj's folded router routes inline instead of calling route_small
+ * (measuring: MLXCEL_CUDA_RS_INLINE=1). */
+void mxc_set_rs_inline(int on);
 
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
  * code (probed once; MLXCEL_CUDA_WGMMA=0: the warp MMAs). */
@@ -306,8 +332,10 @@ typedef struct mxc_rpart {
     float *part;                 /* [max_blocks][E] scratch */
     double *ss;                  /* [max_blocks] scratch */
     int max_blocks;
+    int defer;                   /* no last block: phase 1 sums the partials and routes (mxc_moe1.routes_in) */
+    int nblk;                    /* set by mxc_matvec_stream_rp: the blocks (partials) of its launch */
 } mxc_rpart;
-int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
                          const mxc_route *rt, int *cnt);
 
 /* One token's expert sum, out = sum_j W[j] down_j(act(gate_j x) * up_j x)
@@ -343,6 +371,16 @@ typedef struct mxc_moe1 {
      * walks their rows first and asks for its first weights before it
      * waits for the kernel that routes */
     int extras_first;
+    /* phase 2 of the streaming kernels lets its successor launch right
+     * after its wait (the next q/k/v's blocks beside it) */
+    int early;
+    /* one token's phase 1 of the streaming kernels routes the token itself
+     * from the partials that o_proj's launch left (rp with defer, rp_nblk of
+     * them): every block into shared memory, block 0 into rt's P and W */
+    int routes_in;
+    int rp_nblk;
+    mxc_rpart rp;
+    mxc_route rt;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -66,7 +67,137 @@ static int g_att_pre = 1;
 
 extern "C" void mxc_set_att_pre(int on) { g_att_pre = on; }
 
-__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+/* ---- phase stamps (a measuring build: -DMXC_STAMPS) ----------------------------
+ *
+ * Thread 0 of each block of the one-token kernels notes when the block
+ * started, when it reached its wait, when the wait returned, when it let
+ * its successor launch and when it left (%globaltimer, ns; and %clock64
+ * for the spans inside a block; STAMP_AT(5 .. 7): points of a kernel's
+ * own), into a ring that mxc_stamps_dump writes
+ * out (MLXCEL_CUDA_STAMPS=file; tools/cuda_stamps.py reads it).  A
+ * kernel's time in a step then splits into the release of its wait after
+ * its predecessor's last block left, its work and its tail (the last
+ * block's chain).  The trace of whole kernels (tools/cuda_trace.c) cannot
+ * tell those apart.  Without MXC_STAMPS none of it is compiled. */
+#ifdef MXC_STAMPS
+__device__ mxc_stamp *g_stamp;
+__device__ unsigned long long g_stamp_n;
+__device__ unsigned g_stamp_cap;
+
+__device__ __forceinline__ uint64_t stamp_now(void)
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* the block's stamps: [0 .. 7] times, [8 .. 15] clocks */
+__device__ __forceinline__ uint64_t *stamp_sh(void)
+{
+    __shared__ uint64_t s[16];
+    return s;
+}
+
+__device__ __forceinline__ void stamp_at(int i)
+{
+    if (threadIdx.x == 0) {
+        uint64_t *s = stamp_sh();
+        s[i] = stamp_now();
+        s[8 + i] = (uint64_t)clock64();
+    }
+}
+
+struct stamp_guard {
+    int kid;
+    __device__ explicit stamp_guard(int k) : kid(k)
+    {
+        if (threadIdx.x == 0) {
+            uint64_t *s = stamp_sh();
+            for (int i = 1; i < 8; i++)
+                s[i] = s[8 + i] = 0;
+        }
+        stamp_at(0);
+    }
+    __device__ ~stamp_guard()
+    {
+        stamp_at(4);
+        if (threadIdx.x || !g_stamp)
+            return;
+        const uint64_t *s = stamp_sh();
+        const unsigned long long i = atomicAdd(&g_stamp_n, 1ull);
+        mxc_stamp *r = g_stamp + i % g_stamp_cap;
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        r->kid = (uint32_t)kid;
+        r->blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        r->smid = sm;
+        r->nblk = gridDim.x * gridDim.y * gridDim.z;
+        for (int j = 0; j < 8; j++)
+            r->t[j] = s[j];
+        for (int j = 1; j < 5; j++)
+            r->c[j - 1] = s[8 + j] ? (uint32_t)(s[8 + j] - s[8]) : 0u;
+    }
+};
+#define STAMP(k) stamp_guard stamp_g_(k)
+#define STAMP_AT(i) stamp_at(i)
+#else
+#define STAMP(k) ((void)0)
+#define STAMP_AT(i) ((void)0)
+#endif
+
+extern "C" int mxc_stamps_start(size_t cap)
+{
+#ifdef MXC_STAMPS
+    mxc_stamp *p = nullptr;
+    unsigned c = (unsigned)cap;
+    unsigned long long z = 0;
+    if (cudaMalloc(&p, cap * sizeof *p) != cudaSuccess || cudaMemset(p, 0, cap * sizeof *p) != cudaSuccess ||
+        cudaMemcpyToSymbol(g_stamp, &p, sizeof p) != cudaSuccess ||
+        cudaMemcpyToSymbol(g_stamp_cap, &c, sizeof c) != cudaSuccess ||
+        cudaMemcpyToSymbol(g_stamp_n, &z, sizeof z) != cudaSuccess)
+        return -1;
+    return 0;
+#else
+    (void)cap;
+    return -1;   /* not a measuring build */
+#endif
+}
+
+/* The ring, oldest first, into path: the count (u64), then the records. */
+extern "C" int mxc_stamps_dump(const char *path)
+{
+#ifdef MXC_STAMPS
+    mxc_stamp *p = nullptr;
+    unsigned long long n = 0;
+    unsigned cap = 0;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&p, g_stamp, sizeof p) != cudaSuccess ||
+        cudaMemcpyFromSymbol(&n, g_stamp_n, sizeof n) != cudaSuccess ||
+        cudaMemcpyFromSymbol(&cap, g_stamp_cap, sizeof cap) != cudaSuccess || !p || !cap)
+        return -1;
+    const unsigned long long k = n < cap ? n : cap, first = n < cap ? 0 : n % cap;
+    std::vector<mxc_stamp> h(cap);
+    if (cudaMemcpy(h.data(), p, cap * sizeof *p, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return -1;
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int bad = fwrite(&k, sizeof k, 1, f) != 1;
+    for (unsigned long long i = 0; i < k && !bad; i++)
+        bad = fwrite(&h[(first + i) % cap], sizeof h[0], 1, f) != 1;
+    bad |= fclose(f) != 0;
+    return bad ? -1 : 0;
+#else
+    (void)path;
+    return -1;
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait(void)
+{
+    STAMP_AT(1);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    STAMP_AT(2);
+}
 #ifdef MXC_PDL_EARLY
 __device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 #else
@@ -93,6 +224,7 @@ extern "C" void mxc_set_pdl_trigger(int on)
 
 __device__ __forceinline__ void pdl_trigger(void)
 {
+    STAMP_AT(3);
     if (c_pdl_trigger)
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
@@ -1777,6 +1909,7 @@ int mxc_tile_run(cudaStream_t st, const mxc_tile *t)
 
 __global__ void k_embed(mxc_mat E, const int32_t *tokens, float scale, float *x)
 {
+    STAMP(7);
     pdl_enter();
     const int t = blockIdx.x;
     const int64_t r = tokens[t], d = E.cols;
@@ -2471,6 +2604,7 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
     __syncthreads();
     if (!last)
         return;
+    STAMP_AT(7);
     __threadfence();
     const int hd = a.hd;
     const float *base = a.part + ((int64_t)t * a.nh + h) * a.n_split * (hd + 2);
@@ -2497,6 +2631,7 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
 template <bool FUSE>
 __global__ void __launch_bounds__(256) k_attend(mxc_att a)
 {
+    STAMP(3);
     __shared__ float4 qs[MXC_HD_MAX / 4];
     __shared__ float sc[256];
     __shared__ float red[1024];
@@ -2553,6 +2688,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         __shared__ float hv[MXC_HD_MAX];
         if constexpr (FUSE)
             qkv_head(a.qkv, t, h, hv, (float *)qs, pos, rot);
+        STAMP_AT(5);
         for (int sj = first; sj <= s1; sj += Z) {
             if constexpr (FUSE) {
                 if (pos >= sj * span && pos < sj * span + span) {
@@ -2565,6 +2701,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
                          sj == first ? kv_pre : nullptr, sj == first ? npre : 0);
             __syncthreads();   /* sc and red are the next split's */
         }
+        STAMP_AT(6);
         pdl_trigger();
         combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
         return;
@@ -2968,12 +3105,15 @@ int mxc_route_softmax(cudaStream_t st, const mxc_route *r)
 /* The matrices of slots [lo, hi) (gate, up, down of kind P[j]) copied to
  * shared memory by the block's threads at once: one dependent load chain
  * per block instead of one per warp and slot. */
-__device__ __forceinline__ void load_slots(const mxc_moe1 &p, mxc_mat *sm, int which0, int nwhich)
+__device__ __forceinline__ void load_slots(const mxc_moe1 &p, mxc_mat *sm, int which0, int nwhich,
+                                           const int *P = nullptr)
 {
     const int ns = p.hi - p.lo;
+    if (!P)
+        P = p.P;
     for (int i = threadIdx.x; i < ns * nwhich; i += blockDim.x) {
         const int j = p.lo + i / nwhich, w = which0 + i % nwhich;
-        sm[i] = p.table[3 * p.P[j] + w];
+        sm[i] = p.table[3 * P[j] + w];
     }
     __syncthreads();
 }
@@ -3249,8 +3389,8 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
  * finished and stored by the lanes at once: no store read back (each one a
  * round trip to L2 in a chain at the end of a launch that phase 1 waits
  * for). */
-__device__ __noinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
-                                         const float *gsm = nullptr)
+__device__ __forceinline__ void route_small_body(const mxc_route &r, int lane, const float *lsm, const float *gsm,
+                                                 int *oP, float *oW)
 {
     constexpr int NP = MXC_ROUTE_FUSED_MAX / 32;
     const int E = r.E;
@@ -3296,8 +3436,8 @@ __device__ __noinline__ void route_small(const mxc_route &r, int lane, const flo
             myw = bv / sum;
         }
         if (r.k > 32 && lane == 0) {
-            r.P[j] = best;
-            r.W[j] = bv / sum;
+            oP[j] = best;
+            oW[j] = bv / sum;
         }
         wsum += bv / sum;
     }
@@ -3307,22 +3447,37 @@ __device__ __noinline__ void route_small(const mxc_route &r, int lane, const flo
                 myw /= wsum;
             if (r.expert_scale)
                 myw *= r.expert_scale[myp];
-            r.P[lane] = myp;
-            r.W[lane] = myw;
+            oP[lane] = myp;
+            oW[lane] = myw;
         }
     } else if (lane == 0) {
         for (int j = 0; j < r.k; j++) {
             if (r.norm_topk)
-                r.W[j] /= wsum;
+                oW[j] /= wsum;
             if (r.expert_scale)
-                r.W[j] *= r.expert_scale[r.P[j]];
+                oW[j] *= r.expert_scale[oP[j]];
         }
     }
     const int K = r.k + r.n_extra;
     for (int m = r.k + lane; m < K; m += 32) {
-        r.P[m] = E + (m - r.k);
-        r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
+        oP[m] = E + (m - r.k);
+        oW[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
     }
+}
+
+__device__ __noinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
+                                         const float *gsm = nullptr)
+{
+    route_small_body(r, lane, lsm, gsm, r.P, r.W);
+}
+
+/* o_proj's folded router routes inline (measuring: MLXCEL_CUDA_RS_INLINE=1)
+ * instead of calling route_small */
+__constant__ int c_rs_inline = 0;
+
+extern "C" void mxc_set_rs_inline(int on)
+{
+    cudaMemcpyToSymbol(c_rs_inline, &on, sizeof on);
 }
 
 /* One step's data of R rows: each row's chunk words, scale and bias. */
@@ -3952,7 +4107,10 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* weights only: nothing an earlier kernel writes */
     pdl_wait();
+    if (mv.early)
+        pdl_trigger();
     stage_input<BITS, IX>(x, nin, has_nin, nch, xs, sums, dg);
+    STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
     if (!cnt)
@@ -3981,6 +4139,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_
                                                    const __grid_constant__ mxc_norm_in nin, int has_nin,
                                                    const __grid_constant__ mxc_route rt, int *cnt)
 {
+    STAMP(1 + 16 * R);
     mvs_blocks<BITS, DT, R, IX, RING>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
 }
 
@@ -4050,17 +4209,80 @@ __device__ __forceinline__ void rp_load(const mxc_rpart &rp, rp_row &k)
 /* After the walk: the block's partial of every router row (thread e) and
  * of the squares, then the launch's last block's logits and routes (rt,
  * cnt as mvs_blocks'). */
+/* The logits of rp's router rows into lg[0 .. E): the nblk blocks'
+ * partials summed in block order, times 1 / rms (from their sums of
+ * squares), plus the bias; rv's outputs too when write_y.  Every thread
+ * of the block calls it; part: THREADS floats of shared memory. */
+__device__ __forceinline__ void rp_logits(const mxc_rpart &rp, int nblk, float *part, float *lg, bool write_y)
+{
+    constexpr int NB = 32;   /* partials a thread asks for at once (64, one round for 256 blocks,
+                                was not faster: docs/cuda.md, session 17) */
+    __shared__ float rnorm;
+    const int E = rp.E, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* Q threads a router row, thread q of them the blocks q, q + Q, ...,
+     * NB loads in flight at a time; then the Q sums in order */
+    const int Q = THREADS / E >= WARPS ? WARPS : THREADS / E;
+    if (threadIdx.x < E * Q) {
+        const int e = threadIdx.x % E, q = threadIdx.x / E;
+        float s = 0.0f;
+        for (int b0 = q; b0 < nblk; b0 += NB * Q) {
+            float v[NB];
+#pragma unroll
+            for (int u = 0; u < NB; u++) {
+                const int b = b0 + u * Q;
+                v[u] = b < nblk ? __ldcg(rp.part + (int64_t)b * E + e) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < NB; u++)
+                s += v[u];
+        }
+        part[q * E + e] = s;
+    }
+    if (warp == 0) {
+        double s = 0.0;
+        for (int b0 = lane; b0 < nblk; b0 += 8 * 32) {
+            double v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                v[u] = b0 + 32 * u < nblk ? __ldcg(rp.ss + b0 + 32 * u) : 0.0;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                s += v[u];
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0)
+            rnorm = 1.0f / sqrtf((float)(s / (double)rp.rows) + rp.eps);
+    }
+    __syncthreads();
+    if (threadIdx.x < E) {
+        float s = 0.0f;
+        for (int q = 0; q < Q; q++)
+            s += part[q * E + threadIdx.x];
+        int mi;
+        int64_t lr;
+        rp_locate(rp.rv, threadIdx.x, &mi, &lr);
+        const float *bias = rp.rv.m[mi].bias;
+        lg[threadIdx.x] = rnorm * s + (bias ? bias[lr] : 0.0f);
+        if (write_y)
+            rp.rv.y[mi][lr] = lg[threadIdx.x];   /* for nothing in this step (a trace, a test) */
+    }
+    __syncthreads();
+}
+
+/* After the walk: the block's partial of every router row (thread e) and
+ * of the squares, then (unless rp.defer: phase 1 does it) the launch's
+ * last block's logits and routes (rt, cnt as mvs_blocks'). */
 template <int R>
 __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp, const mxc_route &rt, int *cnt,
                                           const rp_row &k)
 {
     constexpr int span = WARPS * R;   /* at most 32: one warp's lanes */
-    constexpr int NB = 32;            /* partials a thread asks for at once */
     __shared__ float gh[span];
     __shared__ float part[THREADS];
     __shared__ float lg[THREADS];   /* the logits, for route_small */
     __shared__ int last;
-    __shared__ float rnorm;
     const int E = rp.E, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nblk = gridDim.x;
     const int64_t rows = mv.m[0].rows, c0 = (int64_t)blockIdx.x * span;
     __syncthreads();   /* every warp's rows of y stored */
@@ -4100,65 +4322,25 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
         }
         rp.part[(int64_t)blockIdx.x * E + threadIdx.x] = a;
     }
+    if (rp.defer)   /* phase 1's blocks read the partials after their wait: this launch complete */
+        return;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
         last = atomicAdd(cnt, 1) == nblk - 1;
     __syncthreads();
+    STAMP_AT(6);
     if (!last)
         return;
     __threadfence();
-    /* Q threads a router row, thread q of them the blocks q, q + Q, ...,
-     * NB loads in flight at a time; then the Q sums in order */
-    const int Q = THREADS / E >= WARPS ? WARPS : THREADS / E;
-    if (threadIdx.x < E * Q) {
-        const int e = threadIdx.x % E, q = threadIdx.x / E;
-        float s = 0.0f;
-        for (int b0 = q; b0 < nblk; b0 += NB * Q) {
-            float v[NB];
-#pragma unroll
-            for (int u = 0; u < NB; u++) {
-                const int b = b0 + u * Q;
-                v[u] = b < nblk ? __ldcg(rp.part + (int64_t)b * E + e) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < NB; u++)
-                s += v[u];
-        }
-        part[q * E + e] = s;
+    rp_logits(rp, nblk, part, lg, true);
+    STAMP_AT(7);
+    if (warp == 0) {   /* the router's rows first, then the gate's */
+        if (c_rs_inline)
+            route_small_body(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr, rt.P, rt.W);
+        else
+            route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
     }
-    if (warp == 0) {
-        double s = 0.0;
-        for (int b0 = lane; b0 < nblk; b0 += 8 * 32) {
-            double v[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                v[u] = b0 + 32 * u < nblk ? __ldcg(rp.ss + b0 + 32 * u) : 0.0;
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                s += v[u];
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0)
-            rnorm = 1.0f / sqrtf((float)(s / (double)rows) + rp.eps);
-    }
-    __syncthreads();
-    if (threadIdx.x < E) {
-        float s = 0.0f;
-        for (int q = 0; q < Q; q++)
-            s += part[q * E + threadIdx.x];
-        int mi;
-        int64_t lr;
-        rp_locate(rp.rv, threadIdx.x, &mi, &lr);
-        const float *bias = rp.rv.m[mi].bias;
-        lg[threadIdx.x] = rnorm * s + (bias ? bias[lr] : 0.0f);
-        rp.rv.y[mi][lr] = lg[threadIdx.x];   /* for nothing in this step (a trace, a test) */
-    }
-    __syncthreads();
-    if (warp == 0)   /* the router's rows first, then the gate's */
-        route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
     if (threadIdx.x == 0)
         *cnt = 0;
 }
@@ -4168,6 +4350,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ m
                                                       int nch, const __grid_constant__ mxc_rpart rp,
                                                       const __grid_constant__ mxc_route rt, int *cnt)
 {
+    STAMP(2);
     rp_row k;
     rp_load<R>(rp, k);
     const mxc_norm_in no = {};
@@ -4257,10 +4440,39 @@ struct moe1_src {
     }
 };
 
+/* One token's phase 1 routing the token itself (p.routes_in): o_proj's
+ * launch left its blocks' router partials (mxc_rpart.defer) instead of
+ * routing in its last block, a chain of round trips that phase 1 waited
+ * for while its own first loads filled the memory system.  Every block
+ * sums the partials in block order as that last block would have (the
+ * same bits), routes into sP (shared), and block 0 writes the routes, the
+ * weights and the router's outputs for phase 2 and the rest of the step. */
+__device__ __noinline__ void moe1_route(const mxc_moe1 &p, int *sP)
+{
+    __shared__ float part[THREADS], lg[THREADS];
+    __shared__ float sW[MXC_MAX_SLOTS];
+    rp_logits(p.rp, p.rp_nblk, part, lg, blockIdx.x == 0);
+    const int E = p.rp.E;
+    if (threadIdx.x < 32)
+        route_small_body(p.rt, threadIdx.x, lg, p.rt.glog && p.rt.E < E ? lg + p.rt.E : nullptr, sP, sW);
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < p.rt.k + p.rt.n_extra; i += blockDim.x) {
+            p.rt.P[i] = sP[i];
+            p.rt.W[i] = sW[i];
+        }
+        /* phase 2 reads P before its wait (its blocks start once every
+         * block of this launch has triggered, long after) */
+        __threadfence();
+    }
+}
+
 template <int BITS, int DT, bool IX, bool MT = false, bool RING = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
+    STAMP(4);
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
+    __shared__ int sP[MXC_MAX_SLOTS];   /* routes_in: this block's routes */
     extern __shared__ float4 smem_f4[];
     const int nch = (int)(p.d >> 5);
     unsigned char *ring = (unsigned char *)smem_f4;
@@ -4277,7 +4489,14 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         shift = (p.off[p.n_routed] - p.off[p.lo]) / 2;
     } else {
         pdl_enter();
-        load_slots(p, sm, 0, 2);
+        const int *P = nullptr;
+        if constexpr (!MT) {
+            if (p.routes_in) {
+                moe1_route(p, sP);
+                P = sP;
+            }
+        }
+        load_slots(p, sm, 0, 2, P);
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
@@ -4295,11 +4514,19 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         walk.prime(src);
     if (pre) {
         pdl_enter();
+        const int *P = p.P;
+        if constexpr (!MT) {
+            if (p.routes_in) {
+                moe1_route(p, sP);
+                P = sP;
+            }
+        }
         for (int i = threadIdx.x; i < (p.n_routed - p.lo) * 2; i += blockDim.x) {
             const int j = p.lo + i / 2;
-            sm[2 * (j - p.lo) + i % 2] = p.table[3 * p.P[j] + i % 2];
+            sm[2 * (j - p.lo) + i % 2] = p.table[3 * P[j] + i % 2];
         }
         __syncthreads();
+        STAMP_AT(5);
         if (!early)
             walk.prime(src);
     }
@@ -4309,6 +4536,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     } else {
         stage_input<BITS, IX>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
     }
+    STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
 }
@@ -4450,12 +4678,15 @@ struct moe2_src {
 template <int BITS, int DT, int R, bool IX, bool RING = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mxc_moe1 p)
 {
+    STAMP(5);
     __shared__ mxc_mat sm;
     extern __shared__ float4 smem_f4[];
     /* RING: the slot's down matrix and the first weights before the wait.
      * The routes are two launches back (the router, then phase 1; never
-     * k_moe1r, whose phase 2 is not this variant): complete (pdl_trigger).
-     * p.ready is k_moe1r's alone. */
+     * k_moe1r, whose phase 2 is not this variant): complete (pdl_trigger);
+     * or phase 1's block 0 made them (routes_in) and fenced them before
+     * any block of phase 1 let this launch start.  p.ready is k_moe1r's
+     * alone. */
     if constexpr (!RING) {
         pdl_enter();
         if (p.ready && blockIdx.x == 0 && threadIdx.x == 0)   /* phase 1 has finished with it */
@@ -4471,6 +4702,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     if (threadIdx.x == 0)
         sm = p.table[3 * __ldcg(p.P + j) + 2];
     __syncthreads();
+    STAMP_AT(5);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t G = (p.d + R - 1) / R;
     const int64_t g = (int64_t)(blockIdx.x - p.blk[j]) * WARPS + warp;
@@ -4480,12 +4712,16 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
                                     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, moe2_src<BITS, DT, R>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* the first weights in flight while h is staged */
-    if constexpr (RING)
+    if constexpr (RING) {
         pdl_wait();
+        if (p.early)
+            pdl_trigger();
+    }
     if constexpr (IX)
         stage_digits<BITS>(p.h + p.off[j], 32, nch, dg);
     else
         stage_x(p.h + p.off[j], nch, xs, sums);
+    STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
 }
@@ -4587,8 +4823,39 @@ static int64_t mv_groups(const mxc_mv *mv, int R)
     return G;
 }
 
+/* Percent of the resident blocks a row count per warp must keep busy to
+ * be taken: launch_mvs_r 66 (MLXCEL_CUDA_MVS_FILL), phase 2 75
+ * (MLXCEL_CUDA_MOE2_FILL).  At 66 the q/k/v of a qwen1.5-moe-a2.7b layer
+ * (1 536 groups of 4 rows) takes 4 rows a warp on 192 blocks, every warp's
+ * one group copied before its wait, instead of 2 rows on 264 blocks where
+ * half of the warps walk a second group after it: decode 669.4 -> 677.9
+ * tok/s on an H200 (docs/cuda.md, session 17).  Phase 2 at 50 was slower
+ * (661.7). */
+static int fill_pct(const char *var, int def)
+{
+    const char *v = getenv(var);
+    const int p = v && *v ? atoi(v) : def;
+    return p > 0 && p <= 100 ? p : def;
+}
+
+static int mvs_fill(void)
+{
+    static int p;
+    if (!p)
+        p = fill_pct("MLXCEL_CUDA_MVS_FILL", 66);
+    return p;
+}
+
+static int moe2_fill(void)
+{
+    static int p;
+    if (!p)
+        p = fill_pct("MLXCEL_CUDA_MOE2_FILL", 75);
+    return p;
+}
+
 /* launch_mvs with the most rows per warp (4, 2 or 1; 8-bit: 2 or 1) that
- * still gives three quarters of the resident blocks work: a short matrix
+ * still gives two thirds of the resident blocks work (mvs_fill): a short matrix
  * (o_proj, a router) spreads over more warps instead of leaving SMs idle. */
 template <int BITS, int DT, bool IX, bool RING = false>
 static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
@@ -4598,7 +4865,7 @@ static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const
     const int64_t fit = (int64_t)resident((const void *)k_mvs<BITS, DT, RMAX, IX, RING>,
                                         ring_bytes<BITS, RMAX, RING>() + stage_bytes(mv->m[0].cols, IX)) *
                         sm_count();
-    const int64_t enough = fit * 3 / 4;
+    const int64_t enough = fit * mvs_fill() / 100;
     if constexpr (RMAX == 4) {
         if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
             return launch_mvs<BITS, DT, 4, IX, RING>(st, mv, x, nin, rt, cnt);
@@ -4611,7 +4878,7 @@ static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const
 /* k_mvs_rp with R rows a warp; -1 when the launch would have more blocks
  * than rp's scratch. */
 template <int BITS, int DT, int R>
-static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
                          const mxc_route *rt, int *cnt)
 {
     const int64_t G = mv_groups(mv, R);
@@ -4624,13 +4891,14 @@ static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, cons
     for (int i = 0; i < rp->rv.n; i++)
         if (rp->rv.m[i].gs % (WARPS * R) || WARPS * R * rp->rv.m[i].bits / 32 > RP_WORDS)
             return -1;
+    rp->nblk = (int)nb;
     return launch_k(k_mvs_rp<BITS, DT, R>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
                     *rp, *rt, cnt);
 }
 
 /* launch_mvs_r's choice of rows a warp, for k_mvs_rp. */
 template <int BITS, int DT>
-static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
                            const mxc_route *rt, int *cnt)
 {
     constexpr int RMAX = BITS == 4 ? 4 : 2;
@@ -4645,7 +4913,7 @@ static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, co
     return launch_mvs_rp<BITS, DT, 1>(st, mv, x, rp, rt, cnt);
 }
 
-int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
+int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
                          const mxc_route *rt, int *cnt)
 {
     /* the integer kernels through the ring only (the default); one matrix
@@ -4735,13 +5003,13 @@ static int launch_moe2_s(cudaStream_t st, const mxc_moe1 *p)
      * shared-memory limit past 48 KB (a slot wider than about 6000 rows,
      * a wide dense MLP, staged more than that and its launch failed) */
     if constexpr (RMAX == 4) {
-        if (share_blocks(&q, nb, 4) >= nb * 3 / 4)
+        if (share_blocks(&q, nb, 4) >= nb * moe2_fill() / 100)
             return launch_k(k_moe2s<BITS, DT, 4, IX, RING>, (unsigned)q.blk[q.hi], THREADS, smem2, st, 1, q);
     }
     /* (the blocks an SM of RMAX's variant share the slots out; the narrower
      * variants' rings differ in size, each launch lifts its own limit) */
     const size_t s2 = ring_bytes<BITS, 2, RING>() + stage_bytes(widest, IX, !IX);
-    if (share_blocks(&q, nb, 2) >= nb * 3 / 4) {
+    if (share_blocks(&q, nb, 2) >= nb * moe2_fill() / 100) {
         resident((const void *)k_moe2s<BITS, DT, 2, IX, RING>, s2);
         return launch_k(k_moe2s<BITS, DT, 2, IX, RING>, (unsigned)q.blk[q.hi], THREADS, s2, st, 1, q);
     }
@@ -4974,6 +5242,7 @@ __device__ __forceinline__ void am_warp(float &bv, int &bi)
 
 __global__ void __launch_bounds__(256) k_argmax(const __grid_constant__ mxc_argmax a)
 {
+    STAMP(6);
     __shared__ float sv[8];
     __shared__ int si[8], last;
     pdl_enter();
