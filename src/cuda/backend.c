@@ -149,7 +149,6 @@ typedef struct cu_ctx {
     int extras_first;            /* phase 1 of one token: the extra slots first (MLXCEL_CUDA_EXTRAS_FIRST) */
     int qkv_early;               /* q/k/v lets the attention launch right after its wait (MLXCEL_CUDA_QKV_EARLY) */
     int moe2_early;              /* phase 2 lets the next q/k/v launch right after its wait (MLXCEL_CUDA_MOE2_EARLY) */
-    int route_in_p1;             /* phase 1 routes from o_proj's router partials (MLXCEL_CUDA_ROUTE_IN_P1) */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
     double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
@@ -835,11 +834,6 @@ typedef struct call {
      * (mxc_matvec_stream_rp); pre_routed: it did, ffn launches no router */
     const mxc_norm_in *rp_fn;
     int pre_routed;
-    /* rp_defer: o_proj left the router's partials (rp, its route rt) for
-     * phase 1 to sum and route (MLXCEL_CUDA_ROUTE_IN_P1) */
-    int rp_defer;
-    mxc_rpart rp;
-    mxc_route rt;
 } call;
 
 static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e);
@@ -971,8 +965,6 @@ long mx_cuda_rp_launches(void) { return g_rp_launches; }
 
 /* o_proj of one token with layer l's router folded in
  * (mxc_matvec_stream_rp): 1 when launched, 0 when it does not apply. */
-static int takes_fused(const cu_layer *cl, int fused_on);
-
 static int oproj_routed(call *k, int l, mx_err *e)
 {
     cu_ctx *c = k->c;
@@ -990,10 +982,6 @@ static int oproj_routed(call *k, int l, mx_err *e)
     const mxc_mv mv = {.n = 1, .m = {c->mats[cl->oi]}, .y = {b->out}, .ldy = {c->m->d}};
     rp.rows = mv.m[0].rows;
     const mxc_route r = route_of(k, l);
-    /* phase 1 routes where it takes the one-token streaming kernels with
-     * the extra slots first (moe_one: the path that reads rp) */
-    rp.defer = c->route_in_p1 && takes_fused(cl, k->fused) && cl->s_bits && c->extras_first && cl->n_extra > 0 &&
-               cl->k > 0;
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
     if (rc < 0)
         return 0;
@@ -1002,11 +990,6 @@ static int oproj_routed(call *k, int l, mx_err *e)
         return -1;
     }
     k->pre_routed = 1;
-    k->rp_defer = rp.defer;
-    if (rp.defer) {
-        k->rp = rp;
-        k->rt = r;
-    }
     g_rp_launches++;
     return 1;
 }
@@ -1303,13 +1286,6 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                     p.extras_first = 1;
                     p.n_routed = cl->k;
                     p.kind0 = cl->E;
-                    if (k->rp_defer) {   /* and the routes made by phase 1 (oproj_routed) */
-                        p.routes_in = 1;
-                        p.rp = k->rp;
-                        p.rp_nblk = k->rp.nblk;
-                        p.rt = k->rt;
-                        k->rp_defer = 0;
-                    }
                 }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
             } else {
@@ -1682,13 +1658,7 @@ static int ffn(call *k, int l, const mxc_norm_in *nin, mxc_delta *dl, mx_err *e)
         n2 = *nin;
         n2.x_out = NULL;
     }
-    if ((rc = moe_one(k, cl, 0, b->P, b->W, fused, nin ? &n2 : NULL, NULL, NULL, NULL, dl, e)))
-        return rc;
-    if (k->rp_defer) {   /* oproj_routed's condition and moe_one's path disagree: no routes made */
-        k->rp_defer = 0;
-        return mx_fail(e, MX_EUNSUPPORTED, "device cuda: layer %d: phase 1 did not take o_proj's router partials", l);
-    }
-    return MX_OK;
+    return moe_one(k, cl, 0, b->P, b->W, fused, nin ? &n2 : NULL, NULL, NULL, NULL, dl, e);
 }
 
 /* Gemma 4's parallel layer l (model/forward.c's ffn_parallel), b->xn the
@@ -2303,8 +2273,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->rp_on = mx_env_flag("MLXCEL_CUDA_ROUTER_IN_O", 1);
     c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
     c->qkv_early = mx_env_flag("MLXCEL_CUDA_QKV_EARLY", 1);
-    c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 0);
-    c->route_in_p1 = mx_env_flag("MLXCEL_CUDA_ROUTE_IN_P1", 0);
+    c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);
@@ -2320,7 +2289,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = cudaEventCreateWithFlags(&c->ev_lists, cudaEventDisableTiming);
     if (ce == cudaSuccess) {   /* __constant__s of the kernels: after the device is set */
         mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
-        mxc_set_rs_inline(mx_env_flag("MLXCEL_CUDA_RS_INLINE", 0));
+        mxc_set_qh_inline(mx_env_flag("MLXCEL_CUDA_QH_INLINE", 1));
     }
     if (ce != cudaSuccess) {
         rc = cu_fail(e, ce, "starting GPU 0");

@@ -220,9 +220,9 @@ void mxc_set_ring(int on);
  * unless MLXCEL_CUDA_ATT_PRE=0). */
 void mxc_set_att_pre(int on);
 
-/* o_proj's folded router routes inline instead of calling route_small
- * (measuring: MLXCEL_CUDA_RS_INLINE=1). */
-void mxc_set_rs_inline(int on);
+/* One token's attention makes its q/k/v heads inline instead of calling
+ * the head function (on unless MLXCEL_CUDA_QH_INLINE=0; measuring). */
+void mxc_set_qh_inline(int on);
 
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
  * code (probed once; MLXCEL_CUDA_WGMMA=0: the warp MMAs). */
@@ -332,10 +332,8 @@ typedef struct mxc_rpart {
     float *part;                 /* [max_blocks][E] scratch */
     double *ss;                  /* [max_blocks] scratch */
     int max_blocks;
-    int defer;                   /* no last block: phase 1 sums the partials and routes (mxc_moe1.routes_in) */
-    int nblk;                    /* set by mxc_matvec_stream_rp: the blocks (partials) of its launch */
 } mxc_rpart;
-int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
+int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
                          const mxc_route *rt, int *cnt);
 
 /* One token's expert sum, out = sum_j W[j] down_j(act(gate_j x) * up_j x)
@@ -374,13 +372,6 @@ typedef struct mxc_moe1 {
     /* phase 2 of the streaming kernels lets its successor launch right
      * after its wait (the next q/k/v's blocks beside it) */
     int early;
-    /* one token's phase 1 of the streaming kernels routes the token itself
-     * from the partials that o_proj's launch left (rp with defer, rp_nblk of
-     * them): every block into shared memory, block 0 into rt's P and W */
-    int routes_in;
-    int rp_nblk;
-    mxc_rpart rp;
-    mxc_route rt;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

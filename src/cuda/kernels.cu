@@ -2305,8 +2305,8 @@ __device__ __forceinline__ void rot_make(const mxc_qkv &p, int pos, float2 *rot)
 
 /* rot: one token's (T = 1) rotation made by rot_make for position pos, or
  * NULL (then pos is read and the rotation computed here). */
-__device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv, float *qdst, int pos_in = -1,
-                                      const float2 *rot = nullptr)
+__device__ __forceinline__ void qkv_head_body(const mxc_qkv &p, int t, int h, float *hv, float *qdst, int pos_in,
+                                              const float2 *rot)
 {
     const int hd = p.hd;
     const int isq = h < p.nh, g = isq ? h : h - p.nh;
@@ -2385,6 +2385,23 @@ __device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv,
         const float v = c > 0 ? fminf(fmaxf(vs[i], -c), c) : vs[i];
         vd[i] = p.v_norm ? v * r : v;
     }
+}
+
+/* qkv_head_body as a call: the prompts' head kernel (k_qkv) */
+__device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv, float *qdst, int pos_in = -1,
+                                      const float2 *rot = nullptr)
+{
+    qkv_head_body(p, t, h, hv, qdst, pos_in, rot);
+}
+
+/* One token's attention makes its heads inline (a call's frame lives in
+ * local memory, which these kernels reach only through L2: microseconds
+ * under the step's load) unless MLXCEL_CUDA_QH_INLINE=0 (measuring). */
+__constant__ int c_qh_inline = 1;
+
+extern "C" void mxc_set_qh_inline(int on)
+{
+    cudaMemcpyToSymbol(c_qh_inline, &on, sizeof on);
 }
 
 __global__ void k_qkv(mxc_qkv p)
@@ -2686,14 +2703,21 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();   /* the rows and the rotation, to every thread */
         __shared__ float hv[MXC_HD_MAX];
-        if constexpr (FUSE)
-            qkv_head(a.qkv, t, h, hv, (float *)qs, pos, rot);
+        if constexpr (FUSE) {
+            if (c_qh_inline)
+                qkv_head_body(a.qkv, t, h, hv, (float *)qs, pos, rot);
+            else
+                qkv_head(a.qkv, t, h, hv, (float *)qs, pos, rot);
+        }
         STAMP_AT(5);
         for (int sj = first; sj <= s1; sj += Z) {
             if constexpr (FUSE) {
                 if (pos >= sj * span && pos < sj * span + span) {
                     __syncthreads();
-                    qkv_head(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
+                    if (c_qh_inline)
+                        qkv_head_body(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
+                    else
+                        qkv_head(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
                 }
             }
             float *pj = a.part + (((int64_t)t * a.nh + h) * a.n_split + sj) * (hd + 2);
@@ -3105,15 +3129,12 @@ int mxc_route_softmax(cudaStream_t st, const mxc_route *r)
 /* The matrices of slots [lo, hi) (gate, up, down of kind P[j]) copied to
  * shared memory by the block's threads at once: one dependent load chain
  * per block instead of one per warp and slot. */
-__device__ __forceinline__ void load_slots(const mxc_moe1 &p, mxc_mat *sm, int which0, int nwhich,
-                                           const int *P = nullptr)
+__device__ __forceinline__ void load_slots(const mxc_moe1 &p, mxc_mat *sm, int which0, int nwhich)
 {
     const int ns = p.hi - p.lo;
-    if (!P)
-        P = p.P;
     for (int i = threadIdx.x; i < ns * nwhich; i += blockDim.x) {
         const int j = p.lo + i / nwhich, w = which0 + i % nwhich;
-        sm[i] = p.table[3 * P[j] + w];
+        sm[i] = p.table[3 * p.P[j] + w];
     }
     __syncthreads();
 }
@@ -3465,19 +3486,15 @@ __device__ __forceinline__ void route_small_body(const mxc_route &r, int lane, c
     }
 }
 
-__device__ __noinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
-                                         const float *gsm = nullptr)
+/* route_small_body into r's P and W.  Inline: as a call (its frame in
+ * local memory, which these kernels, their shared memory at its largest,
+ * reach through L2), o_proj's last block took 6-7 us to route under the
+ * step's load, 2-3 inline (decode 675 -> 714 tok/s: docs/cuda.md,
+ * session 17). */
+__device__ __forceinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
+                                            const float *gsm = nullptr)
 {
     route_small_body(r, lane, lsm, gsm, r.P, r.W);
-}
-
-/* o_proj's folded router routes inline (measuring: MLXCEL_CUDA_RS_INLINE=1)
- * instead of calling route_small */
-__constant__ int c_rs_inline = 0;
-
-extern "C" void mxc_set_rs_inline(int on)
-{
-    cudaMemcpyToSymbol(c_rs_inline, &on, sizeof on);
 }
 
 /* One step's data of R rows: each row's chunk words, scale and bias. */
@@ -4272,8 +4289,7 @@ __device__ __forceinline__ void rp_logits(const mxc_rpart &rp, int nblk, float *
 }
 
 /* After the walk: the block's partial of every router row (thread e) and
- * of the squares, then (unless rp.defer: phase 1 does it) the launch's
- * last block's logits and routes (rt, cnt as mvs_blocks'). */
+ * of the squares, then the launch's last block's logits and routes (rt, cnt as mvs_blocks'). */
 template <int R>
 __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp, const mxc_route &rt, int *cnt,
                                           const rp_row &k)
@@ -4322,8 +4338,6 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
         }
         rp.part[(int64_t)blockIdx.x * E + threadIdx.x] = a;
     }
-    if (rp.defer)   /* phase 1's blocks read the partials after their wait: this launch complete */
-        return;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
@@ -4335,12 +4349,8 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     __threadfence();
     rp_logits(rp, nblk, part, lg, true);
     STAMP_AT(7);
-    if (warp == 0) {   /* the router's rows first, then the gate's */
-        if (c_rs_inline)
-            route_small_body(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr, rt.P, rt.W);
-        else
-            route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
-    }
+    if (warp == 0)   /* the router's rows first, then the gate's */
+        route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
     if (threadIdx.x == 0)
         *cnt = 0;
 }
@@ -4440,39 +4450,11 @@ struct moe1_src {
     }
 };
 
-/* One token's phase 1 routing the token itself (p.routes_in): o_proj's
- * launch left its blocks' router partials (mxc_rpart.defer) instead of
- * routing in its last block, a chain of round trips that phase 1 waited
- * for while its own first loads filled the memory system.  Every block
- * sums the partials in block order as that last block would have (the
- * same bits), routes into sP (shared), and block 0 writes the routes, the
- * weights and the router's outputs for phase 2 and the rest of the step. */
-__device__ __noinline__ void moe1_route(const mxc_moe1 &p, int *sP)
-{
-    __shared__ float part[THREADS], lg[THREADS];
-    __shared__ float sW[MXC_MAX_SLOTS];
-    rp_logits(p.rp, p.rp_nblk, part, lg, blockIdx.x == 0);
-    const int E = p.rp.E;
-    if (threadIdx.x < 32)
-        route_small_body(p.rt, threadIdx.x, lg, p.rt.glog && p.rt.E < E ? lg + p.rt.E : nullptr, sP, sW);
-    __syncthreads();
-    if (blockIdx.x == 0) {
-        for (int i = threadIdx.x; i < p.rt.k + p.rt.n_extra; i += blockDim.x) {
-            p.rt.P[i] = sP[i];
-            p.rt.W[i] = sW[i];
-        }
-        /* phase 2 reads P before its wait (its blocks start once every
-         * block of this launch has triggered, long after) */
-        __threadfence();
-    }
-}
-
 template <int BITS, int DT, bool IX, bool MT = false, bool RING = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
     STAMP(4);
     __shared__ mxc_mat sm[2 * MXC_MAX_SLOTS];
-    __shared__ int sP[MXC_MAX_SLOTS];   /* routes_in: this block's routes */
     extern __shared__ float4 smem_f4[];
     const int nch = (int)(p.d >> 5);
     unsigned char *ring = (unsigned char *)smem_f4;
@@ -4489,14 +4471,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         shift = (p.off[p.n_routed] - p.off[p.lo]) / 2;
     } else {
         pdl_enter();
-        const int *P = nullptr;
-        if constexpr (!MT) {
-            if (p.routes_in) {
-                moe1_route(p, sP);
-                P = sP;
-            }
-        }
-        load_slots(p, sm, 0, 2, P);
+        load_slots(p, sm, 0, 2);
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
@@ -4514,16 +4489,9 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         walk.prime(src);
     if (pre) {
         pdl_enter();
-        const int *P = p.P;
-        if constexpr (!MT) {
-            if (p.routes_in) {
-                moe1_route(p, sP);
-                P = sP;
-            }
-        }
         for (int i = threadIdx.x; i < (p.n_routed - p.lo) * 2; i += blockDim.x) {
             const int j = p.lo + i / 2;
-            sm[2 * (j - p.lo) + i % 2] = p.table[3 * P[j] + i % 2];
+            sm[2 * (j - p.lo) + i % 2] = p.table[3 * p.P[j] + i % 2];
         }
         __syncthreads();
         STAMP_AT(5);
@@ -4683,10 +4651,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     extern __shared__ float4 smem_f4[];
     /* RING: the slot's down matrix and the first weights before the wait.
      * The routes are two launches back (the router, then phase 1; never
-     * k_moe1r, whose phase 2 is not this variant): complete (pdl_trigger);
-     * or phase 1's block 0 made them (routes_in) and fenced them before
-     * any block of phase 1 let this launch start.  p.ready is k_moe1r's
-     * alone. */
+     * k_moe1r, whose phase 2 is not this variant): complete (pdl_trigger).
+     * p.ready is k_moe1r's alone. */
     if constexpr (!RING) {
         pdl_enter();
         if (p.ready && blockIdx.x == 0 && threadIdx.x == 0)   /* phase 1 has finished with it */
@@ -4878,7 +4844,7 @@ static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const
 /* k_mvs_rp with R rows a warp; -1 when the launch would have more blocks
  * than rp's scratch. */
 template <int BITS, int DT, int R>
-static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
+static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
                          const mxc_route *rt, int *cnt)
 {
     const int64_t G = mv_groups(mv, R);
@@ -4891,14 +4857,13 @@ static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_
     for (int i = 0; i < rp->rv.n; i++)
         if (rp->rv.m[i].gs % (WARPS * R) || WARPS * R * rp->rv.m[i].bits / 32 > RP_WORDS)
             return -1;
-    rp->nblk = (int)nb;
     return launch_k(k_mvs_rp<BITS, DT, R>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
                     *rp, *rt, cnt);
 }
 
 /* launch_mvs_r's choice of rows a warp, for k_mvs_rp. */
 template <int BITS, int DT>
-static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
+static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
                            const mxc_route *rt, int *cnt)
 {
     constexpr int RMAX = BITS == 4 ? 4 : 2;
@@ -4913,7 +4878,7 @@ static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, mx
     return launch_mvs_rp<BITS, DT, 1>(st, mv, x, rp, rt, cnt);
 }
 
-int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, mxc_rpart *rp,
+int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
                          const mxc_route *rt, int *cnt)
 {
     /* the integer kernels through the ring only (the default); one matrix
