@@ -32,7 +32,12 @@ NAMES = {2: 'k_mvs_rp (o_proj+router)', 3: 'k_attend', 4: 'k_moe1s (phase 1)',
          5: 'k_moe2s (phase 2)', 6: 'k_argmax', 7: 'k_embed'}
 
 
+LM_HEAD = 1000   # the step's last k_mvs (before the argmax), apart from q/k/v
+
+
 def name(kid):
+    if kid == LM_HEAD:
+        return 'lm_head (k_mvs)'
     if kid in NAMES:
         return NAMES[kid]
     if kid % 16 == 1:
@@ -55,6 +60,9 @@ def main():
         sys.exit(__doc__)
     data = open(args[0], 'rb').read()
     (n,) = struct.unpack_from('<Q', data, 0)
+    if len(data) != 8 + n * REC.size:
+        sys.exit('cuda_stamps: %s holds %d bytes, not a count and %d stamps of %d bytes (a build of another '
+                 'src/cuda/kern.h?)' % (args[0], len(data), n, REC.size))
     recs = [REC.unpack_from(data, 8 + i * REC.size) for i in range(n)]
     recs = [r for r in recs if r[4]]
     # fields: 0 kid, 1 blk, 2 smid, 3 nblk, 4.. 11 times, 12.. 15 clocks
@@ -90,7 +98,7 @@ def main():
     for s in steps:
         prev_end = None
         for i, (kid, bl) in enumerate(s):
-            kind[i] = kid
+            kind[i] = LM_HEAD if kid % 16 == 1 and i + 1 < len(s) and s[i + 1][0] == 6 else kid
             t0 = [b[4] for b in bl]
             t1 = [b[5] for b in bl if b[5]]
             t2 = [b[6] for b in bl if b[6]]
