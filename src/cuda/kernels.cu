@@ -3409,9 +3409,12 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
  * caller's block wrote.  Lane j keeps the j-th choice, so the weights are
  * finished and stored by the lanes at once: no store read back (each one a
  * round trip to L2 in a chain at the end of a launch that phase 1 waits
- * for). */
-__device__ __forceinline__ void route_small_body(const mxc_route &r, int lane, const float *lsm, const float *gsm,
-                                                 int *oP, float *oW)
+ * for).  Inline: as a call (its frame in local memory, which these
+ * kernels, their shared memory at its largest, reach through L2) o_proj's
+ * last block took 6-7 us to route under the step's load, 2-3 inline
+ * (decode 675 -> 714 tok/s: docs/cuda.md, session 17). */
+__device__ __forceinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
+                                            const float *gsm = nullptr)
 {
     constexpr int NP = MXC_ROUTE_FUSED_MAX / 32;
     const int E = r.E;
@@ -3457,8 +3460,8 @@ __device__ __forceinline__ void route_small_body(const mxc_route &r, int lane, c
             myw = bv / sum;
         }
         if (r.k > 32 && lane == 0) {
-            oP[j] = best;
-            oW[j] = bv / sum;
+            r.P[j] = best;
+            r.W[j] = bv / sum;
         }
         wsum += bv / sum;
     }
@@ -3468,33 +3471,22 @@ __device__ __forceinline__ void route_small_body(const mxc_route &r, int lane, c
                 myw /= wsum;
             if (r.expert_scale)
                 myw *= r.expert_scale[myp];
-            oP[lane] = myp;
-            oW[lane] = myw;
+            r.P[lane] = myp;
+            r.W[lane] = myw;
         }
     } else if (lane == 0) {
         for (int j = 0; j < r.k; j++) {
             if (r.norm_topk)
-                oW[j] /= wsum;
+                r.W[j] /= wsum;
             if (r.expert_scale)
-                oW[j] *= r.expert_scale[oP[j]];
+                r.W[j] *= r.expert_scale[r.P[j]];
         }
     }
     const int K = r.k + r.n_extra;
     for (int m = r.k + lane; m < K; m += 32) {
-        oP[m] = E + (m - r.k);
-        oW[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
+        r.P[m] = E + (m - r.k);
+        r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
     }
-}
-
-/* route_small_body into r's P and W.  Inline: as a call (its frame in
- * local memory, which these kernels, their shared memory at its largest,
- * reach through L2), o_proj's last block took 6-7 us to route under the
- * step's load, 2-3 inline (decode 675 -> 714 tok/s: docs/cuda.md,
- * session 17). */
-__device__ __forceinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
-                                            const float *gsm = nullptr)
-{
-    route_small_body(r, lane, lsm, gsm, r.P, r.W);
 }
 
 /* One step's data of R rows: each row's chunk words, scale and bias. */
@@ -4223,14 +4215,11 @@ __device__ __forceinline__ void rp_load(const mxc_rpart &rp, rp_row &k)
     k.b = ldf(m.b, m.dt, gi);
 }
 
-/* After the walk: the block's partial of every router row (thread e) and
- * of the squares, then the launch's last block's logits and routes (rt,
- * cnt as mvs_blocks'). */
 /* The logits of rp's router rows into lg[0 .. E): the nblk blocks'
  * partials summed in block order, times 1 / rms (from their sums of
- * squares), plus the bias; rv's outputs too when write_y.  Every thread
- * of the block calls it; part: THREADS floats of shared memory. */
-__device__ __forceinline__ void rp_logits(const mxc_rpart &rp, int nblk, float *part, float *lg, bool write_y)
+ * squares), plus the bias, also into rv's outputs.  Every thread of the
+ * block calls it; part: THREADS floats of shared memory. */
+__device__ __forceinline__ void rp_logits(const mxc_rpart &rp, int nblk, float *part, float *lg)
 {
     constexpr int NB = 32;   /* partials a thread asks for at once (64, one round for 256 blocks,
                                 was not faster: docs/cuda.md, session 17) */
@@ -4282,8 +4271,7 @@ __device__ __forceinline__ void rp_logits(const mxc_rpart &rp, int nblk, float *
         rp_locate(rp.rv, threadIdx.x, &mi, &lr);
         const float *bias = rp.rv.m[mi].bias;
         lg[threadIdx.x] = rnorm * s + (bias ? bias[lr] : 0.0f);
-        if (write_y)
-            rp.rv.y[mi][lr] = lg[threadIdx.x];   /* for nothing in this step (a trace, a test) */
+        rp.rv.y[mi][lr] = lg[threadIdx.x];   /* for nothing in this step (a trace, a test) */
     }
     __syncthreads();
 }
@@ -4347,7 +4335,7 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     if (!last)
         return;
     __threadfence();
-    rp_logits(rp, nblk, part, lg, true);
+    rp_logits(rp, nblk, part, lg);
     STAMP_AT(7);
     if (warp == 0)   /* the router's rows first, then the gate's */
         route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
