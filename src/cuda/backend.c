@@ -149,6 +149,9 @@ typedef struct cu_ctx {
     int extras_first;            /* phase 1 of one token: the extra slots first (MLXCEL_CUDA_EXTRAS_FIRST) */
     int qkv_early;               /* q/k/v lets the attention launch right after its wait (MLXCEL_CUDA_QKV_EARLY) */
     int moe2_early;              /* phase 2 lets the next q/k/v launch right after its wait (MLXCEL_CUDA_MOE2_EARLY) */
+    int shared_early;            /* phase 1 on o_proj's flags, not its launch's end (MLXCEL_CUDA_SHARED_EARLY) */
+    int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag, r_flag
+                                    at 1 + 2 l (mxc_route) */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
     double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
@@ -834,6 +837,7 @@ typedef struct call {
      * (mxc_matvec_stream_rp); pre_routed: it did, ffn launches no router */
     const mxc_norm_in *rp_fn;
     int pre_routed;
+    int *rp_h;                   /* that o_proj's h_flag (its r_flag next to it), or NULL: phase 1 may wait on them */
 } call;
 
 static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e);
@@ -981,7 +985,12 @@ static int oproj_routed(call *k, int l, mx_err *e)
         rp.E += (int)rv.m[i].rows;
     const mxc_mv mv = {.n = 1, .m = {c->mats[cl->oi]}, .y = {b->out}, .ldy = {c->m->d}};
     rp.rows = mv.m[0].rows;
-    const mxc_route r = route_of(k, l);
+    mxc_route r = route_of(k, l);
+    if (c->shared_early && c->rp_flags) {   /* phase 1 need not wait for this launch to end */
+        r.h_flag = c->rp_flags + 1 + 2 * l;
+        r.r_flag = r.h_flag + 1;
+        r.epoch = c->rp_flags;
+    }
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
     if (rc < 0)
         return 0;
@@ -990,6 +999,7 @@ static int oproj_routed(call *k, int l, mx_err *e)
         return -1;
     }
     k->pre_routed = 1;
+    k->rp_h = r.h_flag;
     g_rp_launches++;
     return 1;
 }
@@ -1286,6 +1296,11 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                     p.extras_first = 1;
                     p.n_routed = cl->k;
                     p.kind0 = cl->E;
+                    if (k->rp_h && t == 0) {   /* o_proj raised its flags (oproj_routed) */
+                        p.h_flag = k->rp_h;
+                        p.r_flag = k->rp_h + 1;
+                        p.epoch = c->rp_flags;
+                    }
                 }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
             } else {
@@ -1744,7 +1759,7 @@ static int run_pass_fused(call *k, mx_err *e)
     cu_buf *b = k->b;
     int rc;
     float *xa = b->x, *xb = b->x2, *t;
-    KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, 1, m->embed_scale, xa));
+    KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, 1, m->embed_scale, xa, c->rp_flags));
     mxc_delta dl = {0};
     int has = 0;
     for (int l = 0; l < m->n_layers; l++) {
@@ -1756,11 +1771,14 @@ static int run_pass_fused(call *k, mx_err *e)
                                 .eps = m->eps, .x_out = xb};
         k->rp_fn = &fn;   /* o_proj may route the token itself (oproj_routed) */
         k->pre_routed = 0;
+        k->rp_h = NULL;
         rc = attention(k, l, &an, e);
         k->rp_fn = NULL;
         if (rc)
             return rc;
-        if ((rc = ffn(k, l, &fn, &dl, e)))
+        rc = ffn(k, l, &fn, &dl, e);
+        k->rp_h = NULL;
+        if (rc)
             return rc;
         t = xa, xa = xb, xb = t;
         has = 1;
@@ -1785,7 +1803,7 @@ static int run_pass(call *k, int want_last, mx_err *e)
     int rc;
     if (T == 1 && !tr && want_last && c->fuse_norms)
         return run_pass_fused(k, e);
-    KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, T, m->embed_scale, b->x));
+    KL(mxc_embed(c->st, &c->mats[c->embed_i], b->tok, T, m->embed_scale, b->x, NULL));
     if (tr && tr->hidden && (rc = trace_rows(k, b->x, 0, e)))
         return rc;
     mxc_delta dl = {0};
@@ -2106,6 +2124,7 @@ static void cu_free(void *ctx)
     cudaFree(c->route_cnt);
     cudaFree(c->rp_part);
     cudaFree(c->rp_ss);
+    cudaFree(c->rp_flags);
     cudaFree(c->one_W);
     cudaFreeHost(c->h_tok);
     cudaFreeHost(c->h_pos);
@@ -2274,6 +2293,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
     c->qkv_early = mx_env_flag("MLXCEL_CUDA_QKV_EARLY", 1);
     c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
+    c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);
@@ -2289,7 +2309,6 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = cudaEventCreateWithFlags(&c->ev_lists, cudaEventDisableTiming);
     if (ce == cudaSuccess) {   /* __constant__s of the kernels: after the device is set */
         mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
-        mxc_set_qh_inline(mx_env_flag("MLXCEL_CUDA_QH_INLINE", 1));
     }
     if (ce != cudaSuccess) {
         rc = cu_fail(e, ce, "starting GPU 0");
@@ -2359,6 +2378,10 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = dalloc(&c->rp_part, sizeof(float) * MXC_RP_MAX_BLOCKS * MXC_RP_MAX_ROWS);
     if (ce == cudaSuccess && c->rp_on)
         ce = dalloc(&c->rp_ss, sizeof(double) * MXC_RP_MAX_BLOCKS);
+    if (ce == cudaSuccess && c->rp_on)
+        ce = dalloc(&c->rp_flags, sizeof(int) * (size_t)(1 + 2 * m->n_layers));
+    if (ce == cudaSuccess && c->rp_on)
+        ce = cudaMemset(c->rp_flags, 0, sizeof(int) * (size_t)(1 + 2 * m->n_layers));
     if (ce == cudaSuccess)
         ce = dalloc(&c->one_P, sizeof(int));
     if (ce == cudaSuccess)

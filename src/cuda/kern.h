@@ -164,7 +164,8 @@ typedef struct mxc_tile {
 int mxc_tile_run(cudaStream_t st, const mxc_tile *t);
 
 /* x[t] = embed row tokens[t] times scale. */
-int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x);
+/* epoch: a device int the launch adds one to (mxc_route's), or NULL */
+int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x, int *epoch);
 
 /* x[t] += delta[t] (delta may be NULL), xn[t] = norm(x[t]): RMSNorm with w,
  * or LayerNorm with w and b when b is not NULL.  T rows of d. */
@@ -219,10 +220,6 @@ void mxc_set_ring(int on);
  * earlier steps wrote into shared memory before it waits for q/k/v (on
  * unless MLXCEL_CUDA_ATT_PRE=0). */
 void mxc_set_att_pre(int on);
-
-/* One token's attention makes its q/k/v heads inline instead of calling
- * the head function (on unless MLXCEL_CUDA_QH_INLINE=0; measuring). */
-void mxc_set_qh_inline(int on);
 
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
  * code (probed once; MLXCEL_CUDA_WGMMA=0: the warp MMAs). */
@@ -307,6 +304,13 @@ typedef struct mxc_route {
     int *P;
     float *W;
     int *ready;                  /* the routed launch's last block sets it to 1 after the routes, or NULL */
+    /* mxc_matvec_stream_rp: its last block sets *h_flag to *epoch as soon as
+     * every block's rows of the residual are in, and *r_flag to *epoch once
+     * the routes are (NULL: neither).  The step's count in *epoch (the
+     * embedding's launch adds one) makes a flag of an earlier step stale
+     * without anyone setting it back. */
+    int *h_flag, *r_flag;
+    const int *epoch;
 } mxc_route;
 int mxc_route_softmax(cudaStream_t st, const mxc_route *r);
 
@@ -372,6 +376,11 @@ typedef struct mxc_moe1 {
     /* phase 2 of the streaming kernels lets its successor launch right
      * after its wait (the next q/k/v's blocks beside it) */
     int early;
+    /* one token after mxc_matvec_stream_rp (its rt's h_flag, r_flag,
+     * epoch), extras_first too: phase 1 walks the extra slots' rows once
+     * *h_flag is this step's (o_proj's rows are in) instead of when o_proj's
+     * launch has ended, and a warp waits for *r_flag at its first routed row */
+    const int *h_flag, *r_flag, *epoch;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

@@ -1907,11 +1907,15 @@ int mxc_tile_run(cudaStream_t st, const mxc_tile *t)
 
 /* ---- embedding, norms, small elementwise steps ------------------------------- */
 
-__global__ void k_embed(mxc_mat E, const int32_t *tokens, float scale, float *x)
+__global__ void k_embed(mxc_mat E, const int32_t *tokens, float scale, float *x, int *epoch)
 {
     STAMP(7);
     pdl_enter();
     const int t = blockIdx.x;
+    if (epoch && t == 0 && threadIdx.x == 0) {   /* a new step: every flag raised before is stale */
+        const unsigned n = (unsigned)*epoch + 1u;
+        *epoch = n ? (int)n : 1;   /* never 0, what a flag holds before its first step */
+    }
     const int64_t r = tokens[t], d = E.cols;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
         float v;
@@ -1932,9 +1936,9 @@ __global__ void k_embed(mxc_mat E, const int32_t *tokens, float scale, float *x)
     }
 }
 
-int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x)
+int mxc_embed(cudaStream_t st, const mxc_mat *E, const int32_t *tokens, int T, float scale, float *x, int *epoch)
 {
-    return launch_k(k_embed, T, 256, 0, st, 0, *E, tokens, scale, x);
+    return launch_k(k_embed, T, 256, 0, st, 0, *E, tokens, scale, x, epoch);
 }
 
 /* One block per token.  Up to 8 values per thread stay in registers (every
@@ -2394,16 +2398,6 @@ __device__ __noinline__ void qkv_head(const mxc_qkv &p, int t, int h, float *hv,
     qkv_head_body(p, t, h, hv, qdst, pos_in, rot);
 }
 
-/* One token's attention makes its heads inline (a call's frame lives in
- * local memory, which these kernels reach only through L2: microseconds
- * under the step's load) unless MLXCEL_CUDA_QH_INLINE=0 (measuring). */
-__constant__ int c_qh_inline = 1;
-
-extern "C" void mxc_set_qh_inline(int on)
-{
-    cudaMemcpyToSymbol(c_qh_inline, &on, sizeof on);
-}
-
 __global__ void k_qkv(mxc_qkv p)
 {
     pdl_enter();
@@ -2703,21 +2697,17 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();   /* the rows and the rotation, to every thread */
         __shared__ float hv[MXC_HD_MAX];
-        if constexpr (FUSE) {
-            if (c_qh_inline)
-                qkv_head_body(a.qkv, t, h, hv, (float *)qs, pos, rot);
-            else
-                qkv_head(a.qkv, t, h, hv, (float *)qs, pos, rot);
-        }
+        /* the heads inline, not qkv_head: a call's frame lives in local
+         * memory, which these kernels reach only through L2 (microseconds
+         * under the step's load: docs/cuda.md, session 17) */
+        if constexpr (FUSE)
+            qkv_head_body(a.qkv, t, h, hv, (float *)qs, pos, rot);
         STAMP_AT(5);
         for (int sj = first; sj <= s1; sj += Z) {
             if constexpr (FUSE) {
                 if (pos >= sj * span && pos < sj * span + span) {
                     __syncthreads();
-                    if (c_qh_inline)
-                        qkv_head_body(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
-                    else
-                        qkv_head(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
+                    qkv_head_body(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
                 }
             }
             float *pj = a.part + (((int64_t)t * a.nh + h) * a.n_split + sj) * (hd + 2);
@@ -3321,11 +3311,13 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
             a[u] = 0.0f;
         }
         if (n.has && n.dl.K == 0) {
+            /* through L2: phase 1 may stage it on o_proj's flag (mxc_moe1's
+             * h_flag) while o_proj's launch still runs */
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int i = base + threadIdx.x + u * nt;
                 if (i < d)
-                    a[u] = n.dl.D[i];
+                    a[u] = __ldcg(n.dl.D + i);
             }
         } else if (n.has) {
 #pragma unroll 4
@@ -4054,6 +4046,25 @@ __device__ __forceinline__ void flag_raise(int *f)
     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(1) : "memory");
 }
 
+/* A flag that holds the step's count (mxc_route's h_flag, r_flag). */
+__device__ __forceinline__ void flag_set(int *f, int v)
+{
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
+}
+
+/* Until *f is v; the loads after it see what was written before the set. */
+__device__ __forceinline__ void flag_wait_for(const int *f, int v)
+{
+    int u;
+    for (;;) {
+        asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(u) : "l"(f) : "memory");
+        if (u == v)
+            break;
+        __nanosleep(64);
+    }
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
 __device__ __forceinline__ void flag_wait(const int *f)
 {
     int v;
@@ -4335,12 +4346,23 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     if (!last)
         return;
     __threadfence();
+    /* every block's rows of the residual are in: phase 1 may stage its norm */
+    const int ep = rt.h_flag ? __ldcg(rt.epoch) : 0;
+    if (rt.h_flag && threadIdx.x == 0)
+        flag_set(rt.h_flag, ep);
     rp_logits(rp, nblk, part, lg);
     STAMP_AT(7);
     if (warp == 0)   /* the router's rows first, then the gate's */
         route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
     if (threadIdx.x == 0)
         *cnt = 0;
+    if (rt.r_flag) {   /* the routes (warp 0's stores) for phase 1's routed rows */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            flag_set(rt.r_flag, ep);
+        }
+    }
 }
 
 template <int BITS, int DT, int R>
@@ -4385,12 +4407,31 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvt(const __grid_constant__ mxc_
 template <int BITS, int DT, bool MT = false>
 struct moe1_src {
     const mxc_moe1 &p;
-    const mxc_mat *sm;
+    mxc_mat *sm;
     int lj;
     int64_t lr;
     int shift, G;   /* group g is group (g + shift) mod G of the slots' rows (extras_first) */
-    __device__ moe1_src(const mxc_moe1 &q, const mxc_mat *s, int sh = 0, int g = 0)
-        : p(q), sm(s), lj(q.lo), lr(0), shift(sh), G(g) {}
+    int ep, rw;     /* p.r_flag: the step's count; rw: this warp's sm has no routed slot yet */
+    __device__ moe1_src(mxc_mat *s, const mxc_moe1 &q, int sh = 0, int g = 0, int e = 0, bool w = false)
+        : p(q), sm(s), lj(q.lo), lr(0), shift(sh), G(g), ep(e), rw(w) {}
+    /* The routes, once o_proj's last block has them: the routed slots'
+     * gate and up matrices into this warp's own sm (lane-parallel 8-byte
+     * words; the other warps of the block may still be on extra slots). */
+    __device__ __forceinline__ void routes(void)
+    {
+        static_assert(sizeof(mxc_mat) % 8 == 0, "a lane copies 8 bytes");
+        constexpr int NW = (int)sizeof(mxc_mat) / 8;
+        const int lane = threadIdx.x & 31, n = 2 * (p.n_routed - p.lo) * NW;
+        if (lane == 0)
+            flag_wait_for(p.r_flag, ep);
+        __syncwarp();
+        for (int i = lane; i < n; i += 32) {
+            const int m = i / NW;
+            ((uint64_t *)(sm + m))[i % NW] = ((const uint64_t *)(p.table + 3 * __ldcg(p.P + p.lo + m / 2) + m % 2))[i % NW];
+        }
+        __syncwarp();
+        rw = 0;
+    }
     __device__ __forceinline__ int64_t at(int64_t g) const
     {
         const int gg = (int)g + shift;
@@ -4404,6 +4445,8 @@ struct moe1_src {
         while (lgr >= p.off[lj + 1])
             lj++;
         lr = lgr - p.off[lj];
+        if (rw && lj < p.n_routed)
+            routes();
     }
     /* the digits of group g's token: with MT (p.kp > 0), slot j is token
      * (j - lo) / kp's, whose x was staged t * nch * DS words in; a
@@ -4449,11 +4492,19 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, 4, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     const bool pre = RING && !MT && p.extras_first;
+    /* fl (pre with p.h_flag): no wait for o_proj's launch to end.  The
+     * extra slots' rows once o_proj's rows are in (*h_flag), a warp's routed
+     * ones once the routes are (*r_flag); each warp has its own copy of the
+     * slots' matrices (the host makes sure WARPS of them fit in sm) */
+    const bool fl = pre && p.h_flag;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns2 = 2 * (p.hi - p.lo);
+    const int ep = fl ? __ldcg(p.epoch) : 0;   /* the embedding's, launches back: complete */
     int64_t shift = 0;
     if (pre) {   /* the extra slots' matrices: no route needed */
-        for (int i = threadIdx.x; i < (p.hi - p.n_routed) * 2; i += blockDim.x) {
-            const int j = p.n_routed + i / 2;
-            sm[2 * (j - p.lo) + i % 2] = p.table[3 * (p.kind0 + j - p.n_routed) + i % 2];
+        const int nx = (p.hi - p.n_routed) * 2;
+        for (int i = threadIdx.x; i < nx * (fl ? WARPS : 1); i += blockDim.x) {
+            const int j = p.n_routed + i % nx / 2;
+            sm[i / nx * ns2 + 2 * (j - p.lo) + i % 2] = p.table[3 * (p.kind0 + j - p.n_routed) + i % 2];
         }
         __syncthreads();
         shift = (p.off[p.n_routed] - p.off[p.lo]) / 2;
@@ -4461,9 +4512,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         pdl_enter();
         load_slots(p, sm, 0, 2);
     }
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
-    moe1_src<BITS, DT, MT> src(p, sm, (int)shift, (int)G);
+    moe1_src<BITS, DT, MT> src(sm + (fl ? warp * ns2 : 0), p, (int)shift, (int)G, ep, fl);
     using Walk = std::conditional_t<RING, mv_ring<BITS, 4, moe1_src<BITS, DT, MT>>,
                                     mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT, MT>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, 4, RING>() / WARPS : 0));
@@ -4475,7 +4525,18 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         early = early || (g + shift < G && ring_geom<BITS, 4>::D - 1 <= ((nch + 31) >> 5));
     if (early)
         walk.prime(src);
-    if (pre) {
+    if (fl) {
+        pdl_go();
+        if (threadIdx.x == 0) {
+            STAMP_AT(1);
+            flag_wait_for(p.h_flag, ep);
+            STAMP_AT(2);
+        }
+        __syncthreads();
+        STAMP_AT(5);
+        if (!early)
+            walk.prime(src);
+    } else if (pre) {
         pdl_enter();
         for (int i = threadIdx.x; i < (p.n_routed - p.lo) * 2; i += blockDim.x) {
             const int j = p.lo + i / 2;
@@ -4494,6 +4555,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     }
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
+    if (fl)   /* phase 2 reads the routes before its wait: o_proj's launch over first */
+        asm volatile("griddepcontrol.wait;" ::: "memory");
     pdl_trigger();
 }
 
@@ -4991,8 +5054,11 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
         smem1 += ring_bytes<BITS, 4, RING>();
         const int64_t want = (G1 + WARPS - 1) / WARPS,
                       fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, false, RING>, smem1) * sm_count();
+        mxc_moe1 q = *p;
+        if ((q.hi - q.lo) * WARPS > MXC_MAX_SLOTS)   /* no room for a copy of the slots' matrices a warp */
+            q.h_flag = q.r_flag = nullptr;
         rc = launch_k(k_moe1s<BITS, DT, IX, false, RING>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1,
-                      *p, G1);
+                      q, G1);
     }
     return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, p);
 }
