@@ -381,6 +381,11 @@ typedef struct mxc_moe1 {
      * *h_flag is this step's (o_proj's rows are in) instead of when o_proj's
      * launch has ended, and a warp waits for *r_flag at its first routed row */
     const int *h_flag, *r_flag, *epoch;
+    /* one token through the ring, with epoch: phase 1's blocks count
+     * themselves done in *d_cnt (zero), the last one sets it back to 0 and
+     * *d_flag to *epoch, and phase 2 waits for that instead of phase 1's
+     * launch to end (NULL: for the launch) */
+    int *d_cnt, *d_flag;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

@@ -4496,9 +4496,9 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
      * extra slots' rows once o_proj's rows are in (*h_flag), a warp's routed
      * ones once the routes are (*r_flag); each warp has its own copy of the
      * slots' matrices (the host makes sure WARPS of them fit in sm) */
-    const bool fl = pre && p.h_flag;
+    const bool fl = pre && p.h_flag, dfl = RING && !MT && p.d_flag;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns2 = 2 * (p.hi - p.lo);
-    const int ep = fl ? __ldcg(p.epoch) : 0;   /* the embedding's, launches back: complete */
+    const int ep = fl || dfl ? __ldcg(p.epoch) : 0;   /* the embedding's, launches back: complete */
     int64_t shift = 0;
     if (pre) {   /* the extra slots' matrices: no route needed */
         const int nx = (p.hi - p.n_routed) * 2;
@@ -4557,6 +4557,14 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     if (fl)   /* phase 2 reads the routes before its wait: o_proj's launch over first */
         asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (dfl) {   /* this block's rows of h are in; the last block tells phase 2 */
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0 && atomicAdd(p.d_cnt, 1) == (int)gridDim.x - 1) {
+            *p.d_cnt = 0;
+            flag_set(p.d_flag, ep);
+        }
+    }
     pdl_trigger();
 }
 
@@ -4730,7 +4738,16 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* the first weights in flight while h is staged */
     if constexpr (RING) {
-        pdl_wait();
+        if (p.d_flag) {   /* phase 1's last block's flag, not its launch's end */
+            if (threadIdx.x == 0) {
+                STAMP_AT(1);
+                flag_wait_for(p.d_flag, __ldcg(p.epoch));
+                STAMP_AT(2);
+            }
+            __syncthreads();
+        } else {
+            pdl_wait();
+        }
         if (p.early)
             pdl_trigger();
     }
@@ -4740,6 +4757,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
         stage_x(p.h + p.off[j], nch, xs, sums);
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
+    if (RING && p.d_flag)   /* what runs after this launch may count on phase 1's having ended */
+        asm volatile("griddepcontrol.wait;" ::: "memory");
     pdl_trigger();
 }
 
@@ -5041,26 +5060,28 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
     /* phase 1 over every slot's h rows */
     const int64_t G1 = (p->off[p->hi] - p->off[p->lo]) / 2;
     size_t smem1 = stage_bytes(p->d, IX);
-    if (p->kp) {   /* every token's digits */
-        const size_t all = (size_t)((p->hi - p->lo) / p->kp) * (size_t)(p->d >> 5) * DS * sizeof(uint32_t);
+    mxc_moe1 q = *p;
+    if ((q.hi - q.lo) * WARPS > MXC_MAX_SLOTS)   /* no room for a copy of the slots' matrices a warp */
+        q.h_flag = q.r_flag = nullptr;
+    if (!RING || q.kp)   /* the flags between the phases: the one-token ring variants' */
+        q.d_flag = q.d_cnt = nullptr;
+    if (q.kp) {   /* every token's digits */
+        const size_t all = (size_t)((q.hi - q.lo) / q.kp) * (size_t)(q.d >> 5) * DS * sizeof(uint32_t);
         smem1 = all > smem1 ? all : smem1;
     }
     int rc;
-    if (IX && p->kp) {
+    if (IX && q.kp) {
         const int64_t want = (G1 + WARPS - 1) / WARPS,
                       fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, true>, smem1) * sm_count();
-        rc = launch_k(k_moe1s<BITS, DT, IX, true>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, *p, G1);
+        rc = launch_k(k_moe1s<BITS, DT, IX, true>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1, q, G1);
     } else {
         smem1 += ring_bytes<BITS, 4, RING>();
         const int64_t want = (G1 + WARPS - 1) / WARPS,
                       fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, false, RING>, smem1) * sm_count();
-        mxc_moe1 q = *p;
-        if ((q.hi - q.lo) * WARPS > MXC_MAX_SLOTS)   /* no room for a copy of the slots' matrices a warp */
-            q.h_flag = q.r_flag = nullptr;
         rc = launch_k(k_moe1s<BITS, DT, IX, false, RING>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1,
                       q, G1);
     }
-    return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, p);
+    return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, &q);
 }
 
 template <int BITS, int DT, int RB>
