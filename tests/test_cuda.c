@@ -968,7 +968,6 @@ int main(void)
         kjv_same_bits(dir, "MLXCEL_CUDA_QKV_EARLY", "q/k/v letting the attention launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE2_EARLY", "phase 2 letting q/k/v launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_SHARED_EARLY", "phase 1 starting on o_proj's flags");
-        kjv_same_bits(dir, "MLXCEL_CUDA_P2_FLAG", "phase 2 starting on phase 1's flag");
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
     }

@@ -150,9 +150,9 @@ typedef struct cu_ctx {
     int qkv_early;               /* q/k/v lets the attention launch right after its wait (MLXCEL_CUDA_QKV_EARLY) */
     int moe2_early;              /* phase 2 lets the next q/k/v launch right after its wait (MLXCEL_CUDA_MOE2_EARLY) */
     int shared_early;            /* phase 1 on o_proj's flags, not its launch's end (MLXCEL_CUDA_SHARED_EARLY) */
-    int p2_flag;                 /* phase 2 on phase 1's flag, not its launch's end (MLXCEL_CUDA_P2_FLAG) */
-    int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's four at 1 + 4 l:
-                                    mxc_route's h_flag, r_flag, mxc_moe1's d_flag, d_cnt */
+    int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
+    int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
+                                    r_flag (mxc_route) at 1 + 2 l */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
     double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
@@ -838,7 +838,7 @@ typedef struct call {
      * (mxc_matvec_stream_rp); pre_routed: it did, ffn launches no router */
     const mxc_norm_in *rp_fn;
     int pre_routed;
-    int *rp_h;                   /* that o_proj's layer's four flags (cu_ctx's rp_flags), or NULL */
+    int *rp_h;                   /* that o_proj's h_flag (its r_flag next), or NULL: phase 1 may wait on them */
 } call;
 
 static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e);
@@ -987,11 +987,12 @@ static int oproj_routed(call *k, int l, mx_err *e)
     const mxc_mv mv = {.n = 1, .m = {c->mats[cl->oi]}, .y = {b->out}, .ldy = {c->m->d}};
     rp.rows = mv.m[0].rows;
     mxc_route r = route_of(k, l);
-    int *fl = c->rp_flags ? c->rp_flags + 1 + 4 * l : NULL;
-    if (fl && c->shared_early) {   /* phase 1 need not wait for this launch to end */
+    int *fl = c->rp_flags && c->shared_early ? c->rp_flags + 1 + 2 * l : NULL;
+    if (fl) {   /* phase 1 need not wait for this launch to end */
         r.h_flag = fl;
         r.r_flag = fl + 1;
         r.epoch = c->rp_flags;
+        r.h_late = c->hflag_late;
     }
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
     if (rc < 0)
@@ -1298,16 +1299,11 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                     p.extras_first = 1;
                     p.n_routed = cl->k;
                     p.kind0 = cl->E;
-                    if (k->rp_h && t == 0 && c->shared_early) {   /* o_proj raises them (oproj_routed) */
+                    if (k->rp_h && t == 0) {   /* o_proj raises them (oproj_routed) */
                         p.h_flag = k->rp_h;
                         p.r_flag = k->rp_h + 1;
                         p.epoch = c->rp_flags;
                     }
-                }
-                if (k->rp_h && t == 0 && c->p2_flag) {   /* phase 1's flag for phase 2 */
-                    p.d_flag = k->rp_h + 2;
-                    p.d_cnt = k->rp_h + 3;
-                    p.epoch = c->rp_flags;
                 }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
             } else {
@@ -2300,8 +2296,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
     c->qkv_early = mx_env_flag("MLXCEL_CUDA_QKV_EARLY", 1);
     c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
-    c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 0);
-    c->p2_flag = mx_env_flag("MLXCEL_CUDA_P2_FLAG", 0);
+    c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
+    c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);
@@ -2387,9 +2383,9 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     if (ce == cudaSuccess && c->rp_on)
         ce = dalloc(&c->rp_ss, sizeof(double) * MXC_RP_MAX_BLOCKS);
     if (ce == cudaSuccess && c->rp_on)
-        ce = dalloc(&c->rp_flags, sizeof(int) * (size_t)(1 + 4 * m->n_layers));
+        ce = dalloc(&c->rp_flags, sizeof(int) * (size_t)(1 + 2 * m->n_layers));
     if (ce == cudaSuccess && c->rp_on)
-        ce = cudaMemset(c->rp_flags, 0, sizeof(int) * (size_t)(1 + 4 * m->n_layers));
+        ce = cudaMemset(c->rp_flags, 0, sizeof(int) * (size_t)(1 + 2 * m->n_layers));
     if (ce == cudaSuccess)
         ce = dalloc(&c->one_P, sizeof(int));
     if (ce == cudaSuccess)

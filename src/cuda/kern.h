@@ -311,6 +311,7 @@ typedef struct mxc_route {
      * without anyone setting it back. */
     int *h_flag, *r_flag;
     const int *epoch;
+    int h_late;                  /* measuring: *h_flag once the logits are made (MLXCEL_CUDA_HFLAG_LATE) */
 } mxc_route;
 int mxc_route_softmax(cudaStream_t st, const mxc_route *r);
 
@@ -381,11 +382,6 @@ typedef struct mxc_moe1 {
      * *h_flag is this step's (o_proj's rows are in) instead of when o_proj's
      * launch has ended, and a warp waits for *r_flag at its first routed row */
     const int *h_flag, *r_flag, *epoch;
-    /* one token through the ring, with epoch: phase 1's blocks count
-     * themselves done in *d_cnt (zero), the last one sets it back to 0 and
-     * *d_flag to *epoch, and phase 2 waits for that instead of phase 1's
-     * launch to end (NULL: for the launch) */
-    int *d_cnt, *d_flag;
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

@@ -3292,6 +3292,7 @@ __device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, fl
 /* Inlined, so that the weight loads a kernel primes before it stay in
  * flight while it runs (as a call, two primed registers were spilled
  * around it and the call waited for their loads: docs/cuda.md). */
+template <bool WIDE = false>
 __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums)
 {
     double ss = 0.0, sum = 0.0;
@@ -3318,6 +3319,33 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
                 const int i = base + threadIdx.x + u * nt;
                 if (i < d)
                     a[u] = __ldcg(n.dl.D + i);
+            }
+        } else if (n.has && WIDE) {
+            /* the slots' rows 8 slots a round, every load of a round in
+             * flight before the first is used (unroll 4 left a fifth slot,
+             * the shared expert's, to a second trip); the same sums in the
+             * same order.  Registers: only the kernels that take a K > 0
+             * delta (k_mvs: q/k/v after an MoE layer, lm_head) */
+            for (int j0 = 0; j0 < n.dl.K; j0 += 8) {
+                float w[8], y[8][8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const bool in = j0 + j < n.dl.K;
+                    const float *Y = n.dl.Y + (int64_t)(j0 + j) * d;
+                    w[j] = in ? n.dl.W[j0 + j] : 0.0f;
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int i = base + threadIdx.x + u * nt;
+                        y[j][u] = in && i < d ? Y[i] : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j0 + j < n.dl.K) {
+#pragma unroll
+                        for (int u = 0; u < 8; u++)
+                            a[u] += w[j] * y[j][u];
+                    }
             }
         } else if (n.has) {
 #pragma unroll 4
@@ -3346,8 +3374,10 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
             }
         }
     }
+    STAMP_AT(6);   /* (k_mvs: q/k/v, lm_head) the loads in and used */
     if (!n.b && d <= 8 * nt) {
         ss = block_sum(ss);
+        STAMP_AT(7);   /* (k_mvs) the sum of squares */
         const float r = 1.0f / sqrtf((float)(ss / (double)d) + n.eps);
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -4090,12 +4120,12 @@ __device__ __forceinline__ W make_walk(int64_t g0, int64_t gs, int64_t g_end, in
 /* A streaming kernel's input staged in shared memory: x itself or the
  * norm nin of the residual stream (has_nin), as floats with chunk sums
  * (xs, sums) or as digits (dg, IX). */
-template <int BITS, bool IX>
+template <int BITS, bool IX, bool WIDE = false>
 __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &nin, int has_nin, int nch, float *xs,
                                             float *sums, uint32_t *dg)
 {
     if (IX && has_nin) {
-        stage_norm(nin, nch * 32, xs, nullptr);
+        stage_norm<WIDE>(nin, nch * 32, xs, nullptr);
         stage_digits<BITS>(xs, XS, nch, dg);
     } else if (IX) {
         stage_digits<BITS>(x, 32, nch, dg);
@@ -4129,7 +4159,7 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     pdl_wait();
     if (mv.early)
         pdl_trigger();
-    stage_input<BITS, IX>(x, nin, has_nin, nch, xs, sums, dg);
+    stage_input<BITS, IX, true>(x, nin, has_nin, nch, xs, sums, dg);
     STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
@@ -4346,22 +4376,23 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     if (!last)
         return;
     __threadfence();
-    /* every block's rows of the residual are in: phase 1 may stage its norm */
+    /* every block's rows of the residual are in: phase 1 may stage its norm
+     * (rt.h_late, measuring: once the logits are made) */
     const int ep = rt.h_flag ? __ldcg(rt.epoch) : 0;
-    if (rt.h_flag && threadIdx.x == 0)
+    if (rt.h_flag && !rt.h_late && threadIdx.x == 0)
         flag_set(rt.h_flag, ep);
     rp_logits(rp, nblk, part, lg);
+    if (rt.h_flag && rt.h_late && threadIdx.x == 0)
+        flag_set(rt.h_flag, ep);
     STAMP_AT(7);
     if (warp == 0)   /* the router's rows first, then the gate's */
         route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
     if (threadIdx.x == 0)
         *cnt = 0;
-    if (rt.r_flag) {   /* the routes (warp 0's stores) for phase 1's routed rows */
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
+    if (rt.r_flag && warp == 0) {   /* the routes (warp 0's stores) for phase 1's routed rows: */
+        __syncwarp();                   /* a release store, no fence.sc first (__threadfence) */
+        if (lane == 0)
             flag_set(rt.r_flag, ep);
-        }
     }
 }
 
@@ -4496,9 +4527,9 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
      * extra slots' rows once o_proj's rows are in (*h_flag), a warp's routed
      * ones once the routes are (*r_flag); each warp has its own copy of the
      * slots' matrices (the host makes sure WARPS of them fit in sm) */
-    const bool fl = pre && p.h_flag, dfl = RING && !MT && p.d_flag;
+    const bool fl = pre && p.h_flag;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns2 = 2 * (p.hi - p.lo);
-    const int ep = fl || dfl ? __ldcg(p.epoch) : 0;   /* the embedding's, launches back: complete */
+    const int ep = fl ? __ldcg(p.epoch) : 0;   /* the embedding's, launches back: complete */
     int64_t shift = 0;
     if (pre) {   /* the extra slots' matrices: no route needed */
         const int nx = (p.hi - p.n_routed) * 2;
@@ -4557,14 +4588,6 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     if (fl)   /* phase 2 reads the routes before its wait: o_proj's launch over first */
         asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (dfl) {   /* this block's rows of h are in; the last block tells phase 2 */
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0 && atomicAdd(p.d_cnt, 1) == (int)gridDim.x - 1) {
-            *p.d_cnt = 0;
-            flag_set(p.d_flag, ep);
-        }
-    }
     pdl_trigger();
 }
 
@@ -4738,16 +4761,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* the first weights in flight while h is staged */
     if constexpr (RING) {
-        if (p.d_flag) {   /* phase 1's last block's flag, not its launch's end */
-            if (threadIdx.x == 0) {
-                STAMP_AT(1);
-                flag_wait_for(p.d_flag, __ldcg(p.epoch));
-                STAMP_AT(2);
-            }
-            __syncthreads();
-        } else {
-            pdl_wait();
-        }
+        pdl_wait();
         if (p.early)
             pdl_trigger();
     }
@@ -4757,8 +4771,6 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
         stage_x(p.h + p.off[j], nch, xs, sums);
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
-    if (RING && p.d_flag)   /* what runs after this launch may count on phase 1's having ended */
-        asm volatile("griddepcontrol.wait;" ::: "memory");
     pdl_trigger();
 }
 
@@ -4882,6 +4894,19 @@ static int mvs_fill(void)
     return p;
 }
 
+/* o_proj with the router (k_mvs_rp): the fewer its blocks, the fewer
+ * partials its last block sums, the sooner phase 1 has the routes.  40 %
+ * (2 rows a warp on 128 blocks for a 2048-row o_proj, where 75 % took 1 on
+ * 256): 759 tok/s against 747, and 753 at 20 % (4 rows on 64): docs/cuda.md,
+ * session 18; MLXCEL_CUDA_RP_FILL measures others. */
+static int rp_fill(void)
+{
+    static int p;
+    if (!p)
+        p = fill_pct("MLXCEL_CUDA_RP_FILL", 40);
+    return p;
+}
+
 static int moe2_fill(void)
 {
     static int p;
@@ -4938,7 +4963,7 @@ static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, co
 {
     constexpr int RMAX = BITS == 4 ? 4 : 2;
     const size_t smem = ring_bytes<BITS, RMAX, true>() + stage_bytes(mv->m[0].cols, true);
-    const int64_t enough = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, RMAX>, smem) * sm_count() * 3 / 4;
+    const int64_t enough = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, RMAX>, smem) * sm_count() * rp_fill() / 100;
     if constexpr (RMAX == 4) {
         if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
             return launch_mvs_rp<BITS, DT, 4>(st, mv, x, rp, rt, cnt);
@@ -5063,8 +5088,6 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
     mxc_moe1 q = *p;
     if ((q.hi - q.lo) * WARPS > MXC_MAX_SLOTS)   /* no room for a copy of the slots' matrices a warp */
         q.h_flag = q.r_flag = nullptr;
-    if (!RING || q.kp)   /* the flags between the phases: the one-token ring variants' */
-        q.d_flag = q.d_cnt = nullptr;
     if (q.kp) {   /* every token's digits */
         const size_t all = (size_t)((q.hi - q.lo) / q.kp) * (size_t)(q.d >> 5) * DS * sizeof(uint32_t);
         smem1 = all > smem1 ? all : smem1;
