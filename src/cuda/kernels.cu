@@ -3292,7 +3292,6 @@ __device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, fl
 /* Inlined, so that the weight loads a kernel primes before it stay in
  * flight while it runs (as a call, two primed registers were spilled
  * around it and the call waited for their loads: docs/cuda.md). */
-template <bool WIDE = false>
 __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums)
 {
     double ss = 0.0, sum = 0.0;
@@ -3319,33 +3318,6 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
                 const int i = base + threadIdx.x + u * nt;
                 if (i < d)
                     a[u] = __ldcg(n.dl.D + i);
-            }
-        } else if (n.has && WIDE) {
-            /* the slots' rows 8 slots a round, every load of a round in
-             * flight before the first is used (unroll 4 left a fifth slot,
-             * the shared expert's, to a second trip); the same sums in the
-             * same order.  Registers: only the kernels that take a K > 0
-             * delta (k_mvs: q/k/v after an MoE layer, lm_head) */
-            for (int j0 = 0; j0 < n.dl.K; j0 += 8) {
-                float w[8], y[8][8];
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const bool in = j0 + j < n.dl.K;
-                    const float *Y = n.dl.Y + (int64_t)(j0 + j) * d;
-                    w[j] = in ? n.dl.W[j0 + j] : 0.0f;
-#pragma unroll
-                    for (int u = 0; u < 8; u++) {
-                        const int i = base + threadIdx.x + u * nt;
-                        y[j][u] = in && i < d ? Y[i] : 0.0f;
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (j0 + j < n.dl.K) {
-#pragma unroll
-                        for (int u = 0; u < 8; u++)
-                            a[u] += w[j] * y[j][u];
-                    }
             }
         } else if (n.has) {
 #pragma unroll 4
@@ -4120,12 +4092,12 @@ __device__ __forceinline__ W make_walk(int64_t g0, int64_t gs, int64_t g_end, in
 /* A streaming kernel's input staged in shared memory: x itself or the
  * norm nin of the residual stream (has_nin), as floats with chunk sums
  * (xs, sums) or as digits (dg, IX). */
-template <int BITS, bool IX, bool WIDE = false>
+template <int BITS, bool IX>
 __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &nin, int has_nin, int nch, float *xs,
                                             float *sums, uint32_t *dg)
 {
     if (IX && has_nin) {
-        stage_norm<WIDE>(nin, nch * 32, xs, nullptr);
+        stage_norm(nin, nch * 32, xs, nullptr);
         stage_digits<BITS>(xs, XS, nch, dg);
     } else if (IX) {
         stage_digits<BITS>(x, 32, nch, dg);
@@ -4159,7 +4131,7 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     pdl_wait();
     if (mv.early)
         pdl_trigger();
-    stage_input<BITS, IX, true>(x, nin, has_nin, nch, xs, sums, dg);
+    stage_input<BITS, IX>(x, nin, has_nin, nch, xs, sums, dg);
     STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
@@ -4389,10 +4361,12 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
         route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
     if (threadIdx.x == 0)
         *cnt = 0;
-    if (rt.r_flag && warp == 0) {   /* the routes (warp 0's stores) for phase 1's routed rows: */
-        __syncwarp();                   /* a release store, no fence.sc first (__threadfence) */
-        if (lane == 0)
+    if (rt.r_flag) {   /* the routes (warp 0's stores) for phase 1's routed rows */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
             flag_set(rt.r_flag, ep);
+        }
     }
 }
 
