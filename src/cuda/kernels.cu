@@ -212,6 +212,8 @@ __device__ __forceinline__ void pdl_go(void) {}
  * Either way a kernel starts only when every block of its predecessor is
  * past its wait: what the kernels two launches back wrote is complete, and
  * the code before a wait may read it (through L2: ld.cg, cp.async.cg).
+ * (Phase 1 on o_proj's flags, k_moe1s with h_flag, runs on flags instead
+ * and waits only at its end, before its trigger, which keeps this so.)
  * (Triggering right after the wait, with the streaming grids one block an
  * SM so that the successor's blocks copy their weights beside them, was
  * slower: docs/cuda.md.) */
