@@ -3351,7 +3351,7 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
     STAMP_AT(6);   /* (k_mvs: q/k/v, lm_head) the loads in and used */
     if (!n.b && d <= 8 * nt) {
         ss = block_sum(ss);
-        STAMP_AT(7);   /* (k_mvs) the sum of squares */
+        STAMP_AT(7);   /* (k_mvs, and phase 1, which has no point 7 of its own) the sum of squares */
         const float r = 1.0f / sqrtf((float)(ss / (double)d) + n.eps);
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -4045,18 +4045,15 @@ struct mv_depth {
  * for by relaxed loads and one fence after it is seen (a load-acquire in
  * the loop invalidates the SM's L1 at every try, which the other warps of
  * the SM pay for: ncu had it at 40 % of the stall samples). */
-__device__ __forceinline__ void flag_raise(int *f)
-{
-    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(1) : "memory");
-}
-
-/* A flag that holds the step's count (mxc_route's h_flag, r_flag). */
 __device__ __forceinline__ void flag_set(int *f, int v)
 {
     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
 }
 
-/* Until *f is v; the loads after it see what was written before the set. */
+__device__ __forceinline__ void flag_raise(int *f) { flag_set(f, 1); }
+
+/* Until *f is v (a flag that holds the step's count: mxc_route's h_flag,
+ * r_flag); the loads after it see what was written before the set. */
 __device__ __forceinline__ void flag_wait_for(const int *f, int v)
 {
     int u;
