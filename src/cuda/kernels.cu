@@ -4198,14 +4198,18 @@ struct rp_row {
     uint32_t w[RP_WORDS];
     float s, b;
     float x, nw;   /* warp 0, lane c < WARPS x R: the residual and the norm's weight at row c */
+    int ep;        /* thread 0, with rt.h_flag: the step's count for the flags */
 };
 
 template <int R>
-__device__ __forceinline__ void rp_load(const mxc_rpart &rp, rp_row &k)
+__device__ __forceinline__ void rp_load(const mxc_rpart &rp, const mxc_route &rt, rp_row &k)
 {
     constexpr int span = WARPS * R;
     const int e = threadIdx.x;
     const int64_t c0 = (int64_t)blockIdx.x * span;
+    /* the embedding's count (complete: launches back), here rather than
+     * where the last block raises its flags: a round trip less there */
+    k.ep = e == 0 && rt.h_flag ? __ldcg(rt.epoch) : 0;
     /* x: q/k/v's block 0 wrote it two launches back (complete) */
     if (e < span && c0 + e < rp.rows) {
         k.x = __ldcg(rp.x + c0 + e);
@@ -4349,7 +4353,7 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     __threadfence();
     /* every block's rows of the residual are in: phase 1 may stage its norm
      * (rt.h_late, measuring: once the logits are made) */
-    const int ep = rt.h_flag ? __ldcg(rt.epoch) : 0;
+    const int ep = k.ep;   /* thread 0's, the one that raises the flags */
     if (rt.h_flag && !rt.h_late && threadIdx.x == 0)
         flag_set(rt.h_flag, ep);
     rp_logits(rp, nblk, part, lg);
@@ -4376,7 +4380,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ m
 {
     STAMP(2);
     rp_row k;
-    rp_load<R>(rp, k);
+    rp_load<R>(rp, rt, k);
     const mxc_norm_in no = {};
     mvs_blocks<BITS, DT, R, true, true>(mv, x, G, nch, no, 0, rt, nullptr, blockIdx.x, gridDim.x);
     rp_finish<R>(mv, rp, rt, cnt, k);
