@@ -25,7 +25,29 @@ ok() { pass=$((pass + 1)); echo "ok   $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; }
 chunks=24 dchunks=2
 if [ -n "${MLXCEL_SANITIZED:-}" ]; then chunks=2 dchunks=1; fi
-ppl() { "$BIN" perplexity -m "$M" -f "$M/eval/heldout.txt" --ctx 256 "$@"; }
+K=()   # the kernel variant of the comparisons below (empty: the best this CPU runs)
+ppl() { "${K[@]}" "$BIN" perplexity -m "$M" -f "$M/eval/heldout.txt" --ctx 256 "$@"; }
+
+# The fast precision is a twin of the best variant where it has one
+# (avx512vnni-fast); a CPU without one (AVX2 alone) runs its exact kernels
+# under --precision fast.  Then: those give the exact logits, and the fast
+# arithmetic is checked through the scalar twins (scalar-fast against
+# scalar) over fewer chunks.
+fk=$(ppl --chunks 1 --precision fast 2>&1 >/dev/null | sed -n 's/.*; kernel \([^,]*\),.*/\1/p' | head -n 1)
+case "$fk" in
+  *-fast) ;;
+  *)
+    echo "note: no fast kernel for this CPU (--precision fast takes '$fk'): the fast arithmetic is checked through MLXCEL_KERNEL=scalar"
+    ppl --chunks 1 --kl-divergence-base "$T/xbase" > /dev/null 2> "$T/err" || bad "exact base run: $(tail -1 "$T/err")"
+    ppl --chunks 1 --precision fast --kl-divergence-base "$T/xbase" --kl-divergence --json > "$T/x.json" 2> "$T/err"
+    jq -e '.kl_divergence.kl_mean == 0 and .kl_divergence.same_top_percent == 100' "$T/x.json" > /dev/null &&
+      ok "--precision fast with no fast kernel ($fk) gives the exact logits" ||
+      bad "--precision fast with no fast kernel ($fk): $(jq -c '.kl_divergence' "$T/x.json" 2>/dev/null) $(tail -1 "$T/err")"
+    K=(env MLXCEL_KERNEL=scalar)
+    chunks=4 dchunks=1
+    if [ -n "${MLXCEL_SANITIZED:-}" ]; then chunks=2; fi
+    ;;
+esac
 
 # prefill: whole chunks through the tile kernels
 ppl --chunks $chunks --kl-divergence-base "$T/base" > /dev/null 2> "$T/err" || bad "exact base run: $(tail -1 "$T/err")"
@@ -56,6 +78,8 @@ else
 fi
 
 # exact through the scalar reference: as close as float rounding
+# (against the best variant again)
+K=()
 # (the base has $chunks chunks: compare over a base of the same length)
 ppl --chunks $dchunks --kl-divergence-base "$T/base2" > /dev/null 2>&1
 MLXCEL_KERNEL=scalar ppl --chunks $dchunks --kl-divergence-base "$T/base2" --kl-divergence --json > "$T/ex.json" 2> "$T/err"
