@@ -968,7 +968,6 @@ int main(void)
         kjv_same_bits(dir, "MLXCEL_CUDA_QKV_EARLY", "q/k/v letting the attention launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE2_EARLY", "phase 2 letting q/k/v launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_SHARED_EARLY", "phase 1 starting on o_proj's flags");
-        kjv_same_bits(dir, "MLXCEL_CUDA_STACKED", "routed matrices found from their routes");
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
     }

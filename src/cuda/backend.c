@@ -83,8 +83,6 @@ typedef struct cu_layer {
     struct cu_layer *dense;
     const float *mlo_w, *mlo_b, *mei_w, *mei_b, *meo_w, *meo_b, *rin_w;
     int plain;                                /* attention and an MoE or MLP alone: run_pass_fused's layer */
-    int stacked;                              /* the routed kinds' matrices at even strides (mxc_moe1.stacked) */
-    int64_t exw[3], exs[3];
 } cu_layer;
 
 /* A call's device buffers, sized for cap tokens.  The decode set is made
@@ -153,7 +151,6 @@ typedef struct cu_ctx {
     int moe2_early;              /* phase 2 lets the next q/k/v launch right after its wait (MLXCEL_CUDA_MOE2_EARLY) */
     int shared_early;            /* phase 1 on o_proj's flags, not its launch's end (MLXCEL_CUDA_SHARED_EARLY) */
     int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
-    int stacked_on;              /* routed matrices found from their routes where stacked (MLXCEL_CUDA_STACKED) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
                                     r_flag (mxc_route) at 1 + 2 l */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
@@ -429,23 +426,6 @@ static void slot_geometry(cu_ctx *c, cu_layer *cl)
     for (int i = cl->table; i < cl->table + 3 * (cl->E + cl->n_extra); i++)
         if (c->mats[i].bits != cl->s_bits || c->mats[i].dt != cl->s_dt)
             cl->s_bits = 0;
-    /* kind e's gate, up and down e strides from kind 0's, as MLX stacks
-     * an expert layer's matrices (switch_mlp): phase 1 and phase 2 then
-     * find a routed slot's matrix from its route alone */
-    cl->stacked = cl->E >= 2 && cl->s_bits;
-    for (int t = 0; t < 3 && cl->stacked; t++) {
-        const mxc_mat *m0 = &c->mats[cl->table + t], *m1 = &c->mats[cl->table + 3 + t];
-        cl->exw[t] = (int64_t)((uintptr_t)m1->w - (uintptr_t)m0->w);
-        cl->exs[t] = (int64_t)((uintptr_t)m1->s - (uintptr_t)m0->s);
-        for (int x = 1; x < cl->E && cl->stacked; x++) {
-            const mxc_mat *m = &c->mats[cl->table + 3 * x + t];
-            cl->stacked = m->bits == m0->bits && m->gs == m0->gs && m->dt == m0->dt && m->rows == m0->rows &&
-                          m->cols == m0->cols && !m->bias && !m0->bias &&
-                          (int64_t)((uintptr_t)m->w - (uintptr_t)m0->w) == x * cl->exw[t] &&
-                          (int64_t)((uintptr_t)m->s - (uintptr_t)m0->s) == x * cl->exs[t] &&
-                          (int64_t)((uintptr_t)m->b - (uintptr_t)m0->b) == x * cl->exs[t];
-        }
-    }
     cl->ff_max = cl->dff;
     for (int x = 0; x < cl->n_extra; x++)
         cl->ff_max = cl->extra_ff[x] > cl->ff_max ? cl->extra_ff[x] : cl->ff_max;
@@ -1323,15 +1303,6 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                         p.h_flag = k->rp_h;
                         p.r_flag = k->rp_h + 1;
                         p.epoch = c->rp_flags;
-                    }
-                    if (cl->stacked && c->stacked_on) {
-                        p.stacked = 1;
-                        for (int t = 0; t < 3; t++) {
-                            p.ex0[t] = c->mats[cl->table + t];
-                            p.exw[t] = cl->exw[t];
-                            p.exs[t] = cl->exs[t];
-                        }
-                        p.exd = c->mats[cl->table + 3 * cl->E + 2];
                     }
                 }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
@@ -2327,7 +2298,6 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
     c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
     c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
-    c->stacked_on = mx_env_flag("MLXCEL_CUDA_STACKED", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);

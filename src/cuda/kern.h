@@ -382,14 +382,6 @@ typedef struct mxc_moe1 {
      * *h_flag is this step's (o_proj's rows are in) instead of when o_proj's
      * launch has ended, and a warp waits for *r_flag at its first routed row */
     const int *h_flag, *r_flag, *epoch;
-    /* the routed kinds' matrices stacked, as MLX stores an expert layer
-     * (kind e's gate, up and down at e strides from kind 0's): a routed
-     * slot's matrix comes from its route alone, without a trip to the
-     * table (the host checks the strides; MLXCEL_CUDA_STACKED) */
-    int stacked;
-    mxc_mat ex0[3];
-    int64_t exw[3], exs[3];      /* byte strides: words, scales (and biases) */
-    mxc_mat exd;                 /* with stacked: the first extra slot's down matrix */
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

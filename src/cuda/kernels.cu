@@ -4410,16 +4410,6 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvt(const __grid_constant__ mxc_
     pdl_trigger();
 }
 
-/* Matrix t (0 gate, 1 up, 2 down) of routed kind e when p.stacked. */
-__device__ __forceinline__ mxc_mat stacked_mat(const mxc_moe1 &p, int e, int t)
-{
-    mxc_mat m = p.ex0[t];
-    m.w = (const char *)m.w + (int64_t)e * p.exw[t];
-    m.s = (const char *)m.s + (int64_t)e * p.exs[t];
-    m.b = (const char *)m.b + (int64_t)e * p.exs[t];
-    return m;
-}
-
 /* Phase 1: groups of two h rows of one slot (gate rows r, r + 1 then up
  * rows r, r + 1); h = act(g) * u. */
 template <int BITS, int DT, bool MT = false>
@@ -4443,15 +4433,9 @@ struct moe1_src {
         if (lane == 0)
             flag_wait_for(p.r_flag, ep);
         __syncwarp();
-        if (p.stacked) {   /* one trip (the routes), not two (then the table) */
-            for (int m = lane; m < 2 * (p.n_routed - p.lo); m += 32)
-                sm[m] = stacked_mat(p, __ldcg(p.P + p.lo + m / 2), m % 2);
-        } else {
-            for (int i = lane; i < n; i += 32) {
-                const int m = i / NW;
-                ((uint64_t *)(sm + m))[i % NW] =
-                    ((const uint64_t *)(p.table + 3 * __ldcg(p.P + p.lo + m / 2) + m % 2))[i % NW];
-            }
+        for (int i = lane; i < n; i += 32) {
+            const int m = i / NW;
+            ((uint64_t *)(sm + m))[i % NW] = ((const uint64_t *)(p.table + 3 * __ldcg(p.P + p.lo + m / 2) + m % 2))[i % NW];
         }
         __syncwarp();
         rw = 0;
@@ -4740,16 +4724,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     unsigned char *ring = (unsigned char *)smem_f4;
     uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, R, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
-    if (threadIdx.x == 0) {   /* stacked: one trip for a routed slot, one for an extra (its kind known) */
-        if (p.stacked && j < p.n_routed)
-            sm = stacked_mat(p, __ldcg(p.P + j), 2);
-        else if (p.stacked && j == p.n_routed)   /* the first extra's: no trip */
-            sm = p.exd;
-        else if (p.stacked && p.extras_first)
-            sm = p.table[3 * (p.kind0 + j - p.n_routed) + 2];
-        else
-            sm = p.table[3 * __ldcg(p.P + j) + 2];
-    }
+    if (threadIdx.x == 0)
+        sm = p.table[3 * __ldcg(p.P + j) + 2];
     __syncthreads();
     STAMP_AT(5);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
