@@ -946,6 +946,19 @@ int main(void)
         setenv("MLXCEL_CUDA_RING", "0", 1);   /* the streaming kernels' weights in registers */
         gpu_vs_cpu(dir, "kjv-moe", 5, 8, 0, 0);
         unsetenv("MLXCEL_CUDA_RING");
+        /* the input norms of q/k/v, lm_head and phase 1 staged by
+         * clusters of blocks, each reading a slice (distributed shared
+         * memory) */
+        for (int cl = 2; cl <= 8; cl *= 2) {
+            char v[8];
+            snprintf(v, sizeof v, "%d", cl);
+            setenv("MLXCEL_CUDA_CLUSTER", v, 1);
+            setenv("MLXCEL_CUDA_CLUSTER_MOE", v, 1);
+            gpu_vs_cpu(dir, "kjv-moe", 5, 16, 0, 0);
+        }
+        greedy_vs_cpu(dir);
+        unsetenv("MLXCEL_CUDA_CLUSTER");
+        unsetenv("MLXCEL_CUDA_CLUSTER_MOE");
         greedy_vs_cpu(dir);
         /* a context of 2048 (32 splits of 64, 10 of them holding
          * positions): blocks for all of them, and 3 blocks a head, each

@@ -2284,6 +2284,10 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
     mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
+    {
+        const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE");
+        mxc_set_cluster(v ? atoi(v) : 0, vm ? atoi(vm) : 0);
+    }
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     {
         const char *v = getenv("MLXCEL_CUDA_ATT_BLOCKS");

@@ -10,6 +10,7 @@
  * rows of all active experts at once: phase 1 the gate and up rows of
  * every slot (one warp computes both rows and writes act(g) * u), phase 2
  * the output rows with each slot's router weight folded in. */
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <limits.h>
@@ -66,6 +67,17 @@ static int g_att_pre = 1;
 #define ATT_PRE_HD 128
 
 extern "C" void mxc_set_att_pre(int on) { g_att_pre = on; }
+
+/* one token's q/k/v and lm_head stage their input norm in clusters of
+ * this many blocks, each reading a slice (MLXCEL_CUDA_CLUSTER: 2, 4 or 8;
+ * 0 or 1: every block reads the whole residual) */
+static int g_cluster = 0, g_cluster_moe = 0;
+
+extern "C" void mxc_set_cluster(int n, int moe)
+{
+    g_cluster = n == 2 || n == 4 || n == 8 ? n : 0;
+    g_cluster_moe = moe == 2 || moe == 4 || moe == 8 ? moe : 0;
+}
 
 /* ---- phase stamps (a measuring build: -DMXC_STAMPS) ----------------------------
  *
@@ -253,6 +265,29 @@ static int launch_k(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStr
     cfg.stream = st;
     cfg.attrs = at;
     cfg.numAttrs = pdl && g_pdl ? 1 : 0;
+    const cudaError_t ce = cudaLaunchKernelEx(&cfg, k, ((P)args)...);
+    return ce != cudaSuccess ? (int)ce : launched();
+}
+
+/* launch_k in clusters of cl blocks along x (grid.x a multiple of cl). */
+template <typename... P, typename... A>
+static int launch_kc(void (*k)(P...), int cl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, int pdl,
+                     A... args)
+{
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl && g_pdl ? 2 : 1;
     const cudaError_t ce = cudaLaunchKernelEx(&cfg, k, ((P)args)...);
     return ce != cudaSuccess ? (int)ce : launched();
 }
@@ -3398,6 +3433,105 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
     __syncthreads();
 }
 
+/* stage_norm's RMSNorm (no LayerNorm bias, d <= 8 x blockDim.x, d a
+ * multiple of 32 CL) in a cluster of CL blocks: rank q reads only its
+ * slice of the residual and the slot rows (x + delta, the reads every
+ * block made in full: 56 KB a block for qwen1.5's q/k/v, all 264 blocks
+ * through L2 at once) and stores the sums into every rank's xs through
+ * distributed shared memory, with its part of the sum of squares; each
+ * block then adds the CL parts in rank order (the same total in every
+ * block) and scales its xs as stage_norm does.  Each block loads the
+ * norm's weights itself, before the barrier.  The same arithmetic per
+ * value; only the sum of squares is added in another (fixed) order. */
+template <int CL>
+__device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float *xs)
+{
+    namespace cg = cooperative_groups;
+    constexpr int U = 8 / CL;   /* values of the slice a thread (d <= 8 nt) */
+    __shared__ double css[CL];
+    cg::cluster_group cl = cg::this_cluster();
+    const int rank = (int)cl.block_rank(), nt = blockDim.x, S = d / CL, lo = rank * S;
+    /* every block of the cluster has started before anyone writes its
+     * shared memory: arrive now, wait just before the first remote store */
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    float wv[8], v[U], a[U];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = threadIdx.x + u * nt;
+        wv[u] = i < d ? n.w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int j = threadIdx.x + u * nt;
+        v[u] = j < S ? n.x[lo + j] : 0.0f;
+        a[u] = 0.0f;
+    }
+    if (n.has && n.dl.K == 0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = threadIdx.x + u * nt;
+            if (j < S)
+                a[u] = __ldcg(n.dl.D + lo + j);
+        }
+    } else if (n.has) {
+#pragma unroll 4
+        for (int k = 0; k < n.dl.K; k++) {
+            const float w = n.dl.W[k];
+            const float *Y = n.dl.Y + (int64_t)k * d + lo;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int j = threadIdx.x + u * nt;
+                if (j < S)
+                    a[u] += w * Y[j];
+            }
+        }
+    }
+    float *rx[CL];
+#pragma unroll
+    for (int q = 0; q < CL; q++)
+        rx[q] = cl.map_shared_rank(xs, q);
+    const bool wr = n.x_out && blockIdx.x < CL;   /* the first cluster writes x + delta */
+    double ss = 0.0;
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int j = threadIdx.x + u * nt;
+        if (j < S) {
+            const int i = lo + j;
+            if (n.has)
+                v[u] += a[u];
+#pragma unroll
+            for (int q = 0; q < CL; q++)
+                rx[q][(i >> 5) * XS + (i & 31)] = v[u];
+            if (wr)
+                n.x_out[i] = v[u];
+            ss += (double)v[u] * v[u];
+        }
+    }
+    STAMP_AT(6);
+    ss = block_sum(ss);
+    if (threadIdx.x < CL)
+        *cl.map_shared_rank(&css[rank], (int)threadIdx.x) = ss;
+    /* every rank's values and parts in every rank's shared memory */
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    STAMP_AT(7);
+    double t = 0.0;
+#pragma unroll
+    for (int q = 0; q < CL; q++)
+        t += css[q];
+    const float r = 1.0f / sqrtf((float)(t / (double)d) + n.eps);
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = threadIdx.x + u * nt;
+        if (i < d) {
+            float *p = xs + (i >> 5) * XS + (i & 31);
+            *p = wv[u] * (*p * r);
+        }
+    }
+    __syncthreads();
+}
+
 /* k_route for one token by one warp, E <= MXC_ROUTE_FUSED_MAX (each lane
  * keeps its experts' numerators in registers): the same arithmetic and
  * ties.  Reads what other blocks of the launch wrote: through L2; or the
@@ -4091,10 +4225,15 @@ __device__ __forceinline__ W make_walk(int64_t g0, int64_t gs, int64_t g_end, in
 /* A streaming kernel's input staged in shared memory: x itself or the
  * norm nin of the residual stream (has_nin), as floats with chunk sums
  * (xs, sums) or as digits (dg, IX). */
-template <int BITS, bool IX>
+template <int BITS, bool IX, int CL = 1>
 __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &nin, int has_nin, int nch, float *xs,
                                             float *sums, uint32_t *dg)
 {
+    if constexpr (CL > 1) {   /* launched so only with nin, IX and an RMSNorm stage_norm_cl takes */
+        stage_norm_cl<CL>(nin, nch * 32, xs);
+        stage_digits<BITS>(xs, XS, nch, dg);
+        return;
+    }
     if (IX && has_nin) {
         stage_norm(nin, nch * 32, xs, nullptr);
         stage_digits<BITS>(xs, XS, nch, dg);
@@ -4110,7 +4249,7 @@ __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &n
 /* The streaming matvec as block blk of nblk: k_mvs, and the router blocks
  * of k_moe1r.  With cnt, the last of the nblk blocks to finish routes the
  * token (threadFenceReduction) and raises rt.ready when it is not NULL. */
-template <int BITS, int DT, int R, bool IX, bool RING = false>
+template <int BITS, int DT, int R, bool IX, bool RING = false, int CL = 1>
 __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int64_t G, int nch, const mxc_norm_in &nin,
                                            int has_nin, const mxc_route &rt, int *cnt, int blk, int nblk)
 {
@@ -4130,7 +4269,7 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     pdl_wait();
     if (mv.early)
         pdl_trigger();
-    stage_input<BITS, IX>(x, nin, has_nin, nch, xs, sums, dg);
+    stage_input<BITS, IX, CL>(x, nin, has_nin, nch, xs, sums, dg);
     STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
@@ -4155,13 +4294,13 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     }
 }
 
-template <int BITS, int DT, int R, bool IX, bool RING = false>
+template <int BITS, int DT, int R, bool IX, bool RING = false, int CL = 1>
 __global__ void __launch_bounds__(THREADS, 2) k_mvs(const __grid_constant__ mxc_mv mv, const float *x, int64_t G, int nch,
                                                    const __grid_constant__ mxc_norm_in nin, int has_nin,
                                                    const __grid_constant__ mxc_route rt, int *cnt)
 {
     STAMP(1 + 16 * R);
-    mvs_blocks<BITS, DT, R, IX, RING>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
+    mvs_blocks<BITS, DT, R, IX, RING, CL>(mv, x, G, nch, nin, has_nin, rt, cnt, blockIdx.x, gridDim.x);
 }
 
 /* ---- one token's router folded into o_proj (mxc_rpart) ------------------------------
@@ -4489,7 +4628,7 @@ struct moe1_src {
     }
 };
 
-template <int BITS, int DT, bool IX, bool MT = false, bool RING = false>
+template <int BITS, int DT, bool IX, bool MT = false, bool RING = false, int CL = 1>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
     STAMP(4);
@@ -4559,7 +4698,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         for (int t = 0; t < (p.hi - p.lo) / p.kp; t++)
             stage_digits<BITS>(p.x + t * p.d, 32, nch, dg + (int64_t)t * nch * DS);
     } else {
-        stage_input<BITS, IX>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
+        stage_input<BITS, IX, CL>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
     }
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
@@ -4822,6 +4961,58 @@ static int stream_bits(const mxc_mat *ms, int n)
     return bits;
 }
 
+/* Clusters of CL blocks resident at once for k with smem bytes, times CL
+ * (0 when the GPU cannot place one). */
+template <typename K>
+static int cluster_fit(K k, int cl, size_t smem)
+{
+    static struct {
+        const void *k;
+        size_t smem;
+        int n;
+    } memo[32];
+    static int n_memo;
+    for (int i = 0; i < n_memo; i++)
+        if (memo[i].k == (const void *)k && memo[i].smem == smem)
+            return memo[i].n;
+    if (smem > 48 * 1024)
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)cl * 64);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess || n < 0)
+        n = 0;
+    cudaGetLastError();
+    if (n_memo < 32)
+        memo[n_memo++] = {(const void *)k, smem, n * cl};
+    return n * cl;
+}
+
+/* k_mvs<..., CL> over what launch_mvs would give nb blocks: the blocks
+ * rounded up to whole clusters, at most what is resident at once. */
+template <int BITS, int DT, int R, int CL>
+static int launch_mvs_cl(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin, int64_t G,
+                         size_t smem, int64_t want)
+{
+    const int64_t fit = cluster_fit(k_mvs<BITS, DT, R, true, true, CL>, CL, smem);
+    if (fit < CL)
+        return -1;
+    int64_t nb = (want + CL - 1) / CL * CL;
+    nb = nb < fit ? nb : fit;
+    const mxc_route no_rt = {};
+    return launch_kc(k_mvs<BITS, DT, R, true, true, CL>, CL, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G,
+                     (int)(mv->m[0].cols >> 5), *nin, 1, no_rt, (int *)nullptr);
+}
+
 template <int BITS, int DT, int R, bool IX, bool RING>
 static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_norm_in *nin,
                       const mxc_route *rt, int *cnt)
@@ -4833,6 +5024,17 @@ static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x, const m
     const int64_t want = (G + WARPS - 1) / WARPS,
                   fit = (int64_t)resident((const void *)k_mvs<BITS, DT, R, IX, RING>, smem) * sm_count();
     const unsigned nb = (unsigned)(want < fit ? want : fit);
+    if constexpr (IX && RING) {
+        /* the input norm staged by clusters (MLXCEL_CUDA_CLUSTER) */
+        const int64_t d = mv->m[0].cols;
+        if (g_cluster > 1 && nin && !rt && !nin->b && d <= 8 * THREADS && d % (32 * g_cluster) == 0) {
+            const int rc = g_cluster == 2   ? launch_mvs_cl<BITS, DT, R, 2>(st, mv, x, nin, G, smem, want)
+                           : g_cluster == 4 ? launch_mvs_cl<BITS, DT, R, 4>(st, mv, x, nin, G, smem, want)
+                                            : launch_mvs_cl<BITS, DT, R, 8>(st, mv, x, nin, G, smem, want);
+            if (rc != -1)
+                return rc;
+        }
+    }
     const mxc_norm_in no_nin = {};
     const mxc_route no_rt = {};
     return launch_k(k_mvs<BITS, DT, R, IX, RING>, nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
@@ -5078,6 +5280,26 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
         smem1 += ring_bytes<BITS, 4, RING>();
         const int64_t want = (G1 + WARPS - 1) / WARPS,
                       fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, false, RING>, smem1) * sm_count();
+        if constexpr (IX && RING) {
+            /* the FFN norm staged by clusters (MLXCEL_CUDA_CLUSTER_MOE) */
+            const int c = g_cluster_moe;
+            if (c > 1 && q.has_nin && !q.nin.b && q.d <= 8 * THREADS && q.d % (32 * c) == 0) {
+                const int cf = c == 2   ? cluster_fit(k_moe1s<BITS, DT, IX, false, RING, 2>, 2, smem1)
+                               : c == 4 ? cluster_fit(k_moe1s<BITS, DT, IX, false, RING, 4>, 4, smem1)
+                                        : cluster_fit(k_moe1s<BITS, DT, IX, false, RING, 8>, 8, smem1);
+                if (cf >= c) {
+                    int64_t nb = (want + c - 1) / c * c;
+                    nb = nb < cf ? nb : cf;
+                    rc = c == 2   ? launch_kc(k_moe1s<BITS, DT, IX, false, RING, 2>, 2, (unsigned)nb, THREADS, smem1,
+                                              st, 1, q, G1)
+                         : c == 4 ? launch_kc(k_moe1s<BITS, DT, IX, false, RING, 4>, 4, (unsigned)nb, THREADS, smem1,
+                                              st, 1, q, G1)
+                                  : launch_kc(k_moe1s<BITS, DT, IX, false, RING, 8>, 8, (unsigned)nb, THREADS, smem1,
+                                              st, 1, q, G1);
+                    return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, &q);
+                }
+            }
+        }
         rc = launch_k(k_moe1s<BITS, DT, IX, false, RING>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1,
                       q, G1);
     }
