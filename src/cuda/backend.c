@@ -2286,7 +2286,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     {
         const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE");
-        mxc_set_cluster(v ? atoi(v) : 0, vm ? atoi(vm) : 0);
+        mxc_set_cluster(v ? atoi(v) : 2, vm ? atoi(vm) : 2);
     }
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     {

@@ -224,8 +224,8 @@ void mxc_set_att_pre(int on);
 /* One token's q/k/v and lm_head (n), phase 1 (moe) stage their input
  * norm in clusters of that many blocks (2, 4 or 8), each block reading a
  * slice of the residual and sharing it through distributed shared memory
- * (MLXCEL_CUDA_CLUSTER, MLXCEL_CUDA_CLUSTER_MOE; other values: every
- * block reads it all). */
+ * (MLXCEL_CUDA_CLUSTER, MLXCEL_CUDA_CLUSTER_MOE, 2 by default; other
+ * values: every block reads it all). */
 void mxc_set_cluster(int n, int moe);
 
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
