@@ -969,6 +969,15 @@ int main(void)
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100, 2048);
         unsetenv("MLXCEL_CUDA_ATT_BLOCKS");
+        /* one token's splits of 128 and 256 positions (the first 64 rows
+         * still copied ahead), a short context in one split */
+        setenv("MLXCEL_CUDA_ATT_SPAN", "128", 1);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);
+        gpu_vs_cpu(dir, "kjv-moe", 100, 40, 0, 0);
+        setenv("MLXCEL_CUDA_ATT_SPAN", "256", 1);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 100, 2048);
+        gpu_vs_cpu(dir, "kjv-moe", 200, 80, 0, 2048);
+        unsetenv("MLXCEL_CUDA_ATT_SPAN");
         /* captured steps across splits' ends (positions 120 .. 200: the
          * blocks a head follow the position, mxc_att_fit_pos), with and
          * without a window */

@@ -149,6 +149,8 @@ typedef struct cu_ctx {
     int extras_first;            /* phase 1 of one token: the extra slots first (MLXCEL_CUDA_EXTRAS_FIRST) */
     int qkv_early;               /* q/k/v lets the attention launch right after its wait (MLXCEL_CUDA_QKV_EARLY) */
     int moe2_early;              /* phase 2 lets the next q/k/v launch right after its wait (MLXCEL_CUDA_MOE2_EARLY) */
+    int h_all;                   /* phase 2 stages h with all its loads at once (MLXCEL_CUDA_H_ALL) */
+    int att_span;                /* one token's attention, positions a split (MLXCEL_CUDA_ATT_SPAN: 64, 128 or 256) */
     int shared_early;            /* phase 1 on o_proj's flags, not its launch's end (MLXCEL_CUDA_SHARED_EARLY) */
     int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
@@ -1096,7 +1098,7 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
         at.fuse = c->fuse_on;
         at.max_z = c->att_blocks;
         at.qkv = p;
-        at.span = MXC_ATT_SPAN_DECODE;
+        at.span = c->att_span ? c->att_span : MXC_ATT_SPAN_DECODE;
         at.n_split = k->graph ? sq->n_split : (last_pos + at.span) / at.span;
         at.hpos = k->graph ? -1 : last_pos;
         at.fit = k->graph ? k->fit : NULL;
@@ -1272,7 +1274,7 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
     const int64_t d = c->m->d, Kp = cl->Kp, r = t;
     mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P + r * Kp, .W = W + r * Kp, .lo = 0, .hi = cl->Kp,
                   .x = b->xn + r * d, .h = b->H + r * Kp * cl->ff_max, .out = b->ffn + r * d, .d = d,
-                  .act = c->m->act == MX_ACT_GELU_TANH, .early = c->moe2_early};
+                  .act = c->m->act == MX_ACT_GELU_TANH, .early = c->moe2_early, .h_all = c->h_all};
     slot_offsets(cl, p.off);
     if (cl->s_bits) {
         p.bits = cl->s_bits;
@@ -2293,6 +2295,11 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         const char *v = getenv("MLXCEL_CUDA_ATT_BLOCKS");
         c->att_blocks = v ? atoi(v) : 0;
         c->att_blocks = c->att_blocks < 0 ? 0 : c->att_blocks;
+        /* a split's scores fit 256 (k_attend's sc); the graph's partials
+         * are sized for splits of MXC_ATT_SPAN_DECODE, a bound for longer ones */
+        v = getenv("MLXCEL_CUDA_ATT_SPAN");
+        const int sp = v ? atoi(v) : MXC_ATT_SPAN_DECODE;
+        c->att_span = sp == 128 || sp == 256 ? sp : MXC_ATT_SPAN_DECODE;
     }
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
@@ -2300,6 +2307,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
     c->qkv_early = mx_env_flag("MLXCEL_CUDA_QKV_EARLY", 1);
     c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
+    c->h_all = mx_env_flag("MLXCEL_CUDA_H_ALL", 1);
     c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
     c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);

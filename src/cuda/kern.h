@@ -384,6 +384,10 @@ typedef struct mxc_moe1 {
     /* phase 2 of the streaming kernels lets its successor launch right
      * after its wait (the next q/k/v's blocks beside it) */
     int early;
+    /* phase 2 of the streaming kernels stages a slot's h (up to 3 rounds
+     * of its block) with every round's loads issued at once
+     * (MLXCEL_CUDA_H_ALL, on by default) */
+    int h_all;
     /* one token after mxc_matvec_stream_rp (its rt's h_flag, r_flag,
      * epoch), extras_first too: phase 1 walks the extra slots' rows once
      * *h_flag is this step's (o_proj's rows are in) instead of when o_proj's

@@ -2622,7 +2622,7 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
 #pragma unroll 8
         for (int j = prt; j < n; j += parts) {
             const float w = sc[j];
-            const float4 v = j < npre ? pre[(a.span + j) * h4 + d4] : V[(int64_t)(lo + j) * h4 + d4];
+            const float4 v = j < npre ? pre[(MXC_ATT_SPAN_DECODE + j) * h4 + d4] : V[(int64_t)(lo + j) * h4 + d4];
             o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
         }
         float *r = red + prt * hd + 4 * d4;
@@ -2645,6 +2645,19 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
 __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int s0, int s1, int nblk)
 {
     __shared__ int last;
+    const int hd = a.hd;
+    const float *base = a.part + ((int64_t)t * a.nh + h) * a.n_split * (hd + 2);
+    if (s0 == s1) {
+        /* one split holds every position: its partial is the answer (the
+         * combination below with one split gives these bits: o * 1 / (l * 1)),
+         * no counter, no other block to wait for */
+        __syncthreads();   /* the block's own stores of the partial */
+        const float *ps = base + s0 * (hd + 2);
+        const float l = ps[hd + 1];
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            a.out[((int64_t)t * a.nh + h) * hd + i] = ps[i] / l;
+        return;
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
@@ -2654,8 +2667,6 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
         return;
     STAMP_AT(7);
     __threadfence();
-    const int hd = a.hd;
-    const float *base = a.part + ((int64_t)t * a.nh + h) * a.n_split * (hd + 2);
     float M = -INFINITY;
     for (int s = s0; s <= s1; s++)
         M = fmaxf(M, __ldcg(base + s * (hd + 2) + hd));
@@ -2683,7 +2694,8 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
     __shared__ float4 qs[MXC_HD_MAX / 4];
     __shared__ float sc[256];
     __shared__ float red[1024];
-    extern __shared__ float4 kv_pre[];   /* a.pre: [2][span][hd / 4], K rows then V rows */
+    extern __shared__ float4 kv_pre[];   /* a.pre: [2][MXC_ATT_SPAN_DECODE][hd / 4], K rows then V rows
+                                            (the first of a split, which may be longer) */
     const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, hd = a.hd, tid = threadIdx.x;
     const int span = a.span;
     if (!a.cnt)
@@ -2714,7 +2726,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
          * and the rotation of pos.  Row pos is this step's (after the
          * wait, from the cache: the block holding it writes it). */
         const int lo0 = max(first * span, start);
-        const int npre = a.pre ? max(0, min(pos - 1, first * span + span - 1) - lo0 + 1) : 0;
+        const int npre = a.pre ? min(MXC_ATT_SPAN_DECODE, max(0, min(pos - 1, first * span + span - 1) - lo0 + 1)) : 0;
         if (npre) {
             const int h4 = hd / 4, kvh = h / (a.nh / a.nkv), n4 = npre * h4;
             const float4 *K = (const float4 *)(a.kc + ((int64_t)kvh * a.n_ctx + lo0) * hd);
@@ -2722,7 +2734,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
             const unsigned sk = (unsigned)__cvta_generic_to_shared(kv_pre);
             for (int i = tid; i < n4; i += blockDim.x) {
                 cp_async16s(sk + 16u * (unsigned)i, K + i);
-                cp_async16s(sk + 16u * (unsigned)(span * h4 + i), V + i);
+                cp_async16s(sk + 16u * (unsigned)(MXC_ATT_SPAN_DECODE * h4 + i), V + i);
             }
             asm volatile("cp.async.commit_group;" ::: "memory");
         }
@@ -3067,7 +3079,7 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
     /* one token, heads up to ATT_PRE_HD: the first split's old rows copied
      * before the wait (k_attend) */
     mxc_att b = *a;
-    b.pre = a->cnt && g_att_pre && a->hd <= ATT_PRE_HD && a->hd % 4 == 0 && a->span <= MXC_ATT_SPAN_DECODE;
+    b.pre = a->cnt && g_att_pre && a->hd <= ATT_PRE_HD && a->hd % 4 == 0;
     const size_t smem = b.pre ? (size_t)2 * MXC_ATT_SPAN_DECODE * ATT_PRE_HD * sizeof(float) : 0;
     static int lifted;
     if (smem && !lifted) {
@@ -3705,23 +3717,13 @@ __device__ __forceinline__ uint32_t bytes_k(uint32_t a, uint32_t b, uint32_t c, 
  * The chunk's largest |x| is found on the bit patterns (NaN above inf
  * above every finite value), so a non-finite x gives a non-finite dx and
  * a non-finite result.  Every thread calls it. */
+/* Quarter q of chunk c's digits (its 8 values x: 4 consecutive lanes
+ * make a chunk) into dg, ok false for a thread past the last chunk (it
+ * still takes part in the shuffles). */
 template <int BITS>
-__device__ __forceinline__ void stage_digits(const float *src, int stride, int nch, uint32_t *dg)
+__device__ __forceinline__ void digit_item(const float *x, bool ok, int c, int q, uint32_t *dg)
 {
-    const int n = nch * 4;
-    for (int base = 0; base < n; base += blockDim.x) {
-        const int i = base + threadIdx.x, c = i >> 2, q = i & 3;
-        const bool ok = i < n;
-        float x[8];
-        if (ok) {
-            const float4 a = *(const float4 *)(src + (int64_t)c * stride + 8 * q);
-            const float4 b = *(const float4 *)(src + (int64_t)c * stride + 8 * q + 4);
-            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-        } else {
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                x[u] = 0.0f;
-        }
+    {
         uint32_t mb = 0;
 #pragma unroll
         for (int u = 0; u < 8; u++)
@@ -3768,6 +3770,55 @@ __device__ __forceinline__ void stage_digits(const float *src, int stride, int n
                 dg[c * DS + 25] = __float_as_uint(s);
             }
         }
+    }
+}
+
+template <int BITS>
+__device__ __forceinline__ void stage_digits(const float *src, int stride, int nch, uint32_t *dg)
+{
+    const int n = nch * 4;
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + threadIdx.x, c = i >> 2, q = i & 3;
+        const bool ok = i < n;
+        float x[8];
+        if (ok) {
+            const float4 a = *(const float4 *)(src + (int64_t)c * stride + 8 * q);
+            const float4 b = *(const float4 *)(src + (int64_t)c * stride + 8 * q + 4);
+            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                x[u] = 0.0f;
+        }
+        digit_item<BITS>(x, ok, c, q, dg);
+    }
+    __syncthreads();
+}
+
+/* stage_digits of a row in global memory (stride 32) of at most NR x
+ * blockDim.x / 4 chunks, every round's loads issued before the first is
+ * used: one trip to L2 instead of one a round (phase 2's h of a wide
+ * shared expert: 5 632 values, three rounds). */
+template <int BITS, int NR>
+__device__ __forceinline__ void stage_digits_all(const float *src, int nch, uint32_t *dg)
+{
+    const int n = nch * 4;
+    float4 a[NR], b[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const int i = r * blockDim.x + threadIdx.x;
+        if (i < n) {
+            a[r] = *(const float4 *)(src + 8 * i);
+            b[r] = *(const float4 *)(src + 8 * i + 4);
+        } else {
+            a[r] = b[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const int i = r * blockDim.x + threadIdx.x;
+        const float x[8] = {a[r].x, a[r].y, a[r].z, a[r].w, b[r].x, b[r].y, b[r].z, b[r].w};
+        digit_item<BITS>(x, i < n, i >> 2, i & 3, dg);
     }
     __syncthreads();
 }
@@ -4881,10 +4932,14 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
         if (p.early)
             pdl_trigger();
     }
-    if constexpr (IX)
-        stage_digits<BITS>(p.h + p.off[j], 32, nch, dg);
-    else
+    if constexpr (IX) {
+        if (nch * 4 <= 3 * THREADS && p.h_all)
+            stage_digits_all<BITS, 3>(p.h + p.off[j], nch, dg);
+        else
+            stage_digits<BITS>(p.h + p.off[j], 32, nch, dg);
+    } else {
         stage_x(p.h + p.off[j], nch, xs, sums);
+    }
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
