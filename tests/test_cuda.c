@@ -971,6 +971,14 @@ int main(void)
         unsetenv("MLXCEL_CUDA_ATT_BLOCKS");
         /* one token's splits of 128 and 256 positions (the first 64 rows
          * still copied ahead), a short context in one split */
+        /* 2 blocks a head: the captured steps' splits grow from 64 to 128
+         * positions at position 128 (mxc_att's span_auto), with and
+         * without a window */
+        setenv("MLXCEL_CUDA_ATT_BLOCKS", "2", 1);
+        gpu_vs_cpu(dir, "kjv-moe", 100, 80, 0, 2048);
+        gpu_vs_cpu(dir, "kjv-moe", 100, 80, 90, 2048);
+        gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);
+        unsetenv("MLXCEL_CUDA_ATT_BLOCKS");
         setenv("MLXCEL_CUDA_ATT_SPAN", "128", 1);
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);
         gpu_vs_cpu(dir, "kjv-moe", 100, 40, 0, 0);
@@ -990,6 +998,7 @@ int main(void)
         kjv_same_bits(dir, "MLXCEL_CUDA_QKV_EARLY", "q/k/v letting the attention launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE2_EARLY", "phase 2 letting q/k/v launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_SHARED_EARLY", "phase 1 starting on o_proj's flags");
+        kjv_same_bits(dir, "MLXCEL_CUDA_RPACK", "the routes inside o_proj's flag");
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
     }

@@ -150,11 +150,12 @@ typedef struct cu_ctx {
     int qkv_early;               /* q/k/v lets the attention launch right after its wait (MLXCEL_CUDA_QKV_EARLY) */
     int moe2_early;              /* phase 2 lets the next q/k/v launch right after its wait (MLXCEL_CUDA_MOE2_EARLY) */
     int h_all;                   /* phase 2 stages h with all its loads at once (MLXCEL_CUDA_H_ALL) */
-    int att_span;                /* one token's attention, positions a split (MLXCEL_CUDA_ATT_SPAN: 64, 128 or 256) */
+    int att_span;                /* one token's attention, positions a split (MLXCEL_CUDA_ATT_SPAN: 64, 128 or 256; 0: as the context wants) */
     int shared_early;            /* phase 1 on o_proj's flags, not its launch's end (MLXCEL_CUDA_SHARED_EARLY) */
     int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
-                                    r_flag (mxc_route) at 1 + 2 l */
+                                    r_flag (mxc_route; 64 bits, 8-byte aligned) at RP_FLAGS_AT(l) and 2 ints on */
+    int rpack;                   /* MLXCEL_CUDA_RPACK: the routes inside r_flag where they fit (mxc_route's r_pack) */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
     double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
     int *one_P;                  /* [1] = 0: a dense layer's one slot */
@@ -956,6 +957,17 @@ static mxc_mv router_mv(const cu_ctx *c, const cu_layer *cl, const cu_buf *b)
 }
 
 /* Layer l's softmax top-k routing of the call's T tokens (on the GPU). */
+/* Layer l's h_flag in rp_flags (its r_flag 2 ints on: 64 bits, 8-byte
+ * aligned); RP_FLAGS_AT(n_layers) ints in all. */
+#define RP_FLAGS_AT(l) (2 + 4 * (l))
+
+/* Layer cl's routes fit in its r_flag: k <= 4 experts of at most 255
+ * kinds, a byte each (mxc_route's r_pack). */
+static int rpack_ok(const cu_ctx *c, const cu_layer *cl)
+{
+    return c->rpack && cl->k <= 4 && cl->E <= 255;
+}
+
 static mxc_route route_of(const call *k, int l)
 {
     const cu_ctx *c = k->c;
@@ -989,12 +1001,13 @@ static int oproj_routed(call *k, int l, mx_err *e)
     const mxc_mv mv = {.n = 1, .m = {c->mats[cl->oi]}, .y = {b->out}, .ldy = {c->m->d}};
     rp.rows = mv.m[0].rows;
     mxc_route r = route_of(k, l);
-    int *fl = c->rp_flags && c->shared_early ? c->rp_flags + 1 + 2 * l : NULL;
+    int *fl = c->rp_flags && c->shared_early ? c->rp_flags + RP_FLAGS_AT(l) : NULL;
     if (fl) {   /* phase 1 need not wait for this launch to end */
         r.h_flag = fl;
-        r.r_flag = fl + 1;
+        r.r_flag = fl + 2;
         r.epoch = c->rp_flags;
         r.h_late = c->hflag_late;
+        r.r_pack = rpack_ok(c, cl);
     }
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
     if (rc < 0)
@@ -1099,6 +1112,7 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
         at.max_z = c->att_blocks;
         at.qkv = p;
         at.span = c->att_span ? c->att_span : MXC_ATT_SPAN_DECODE;
+        at.span_auto = !c->att_span;
         at.n_split = k->graph ? sq->n_split : (last_pos + at.span) / at.span;
         at.hpos = k->graph ? -1 : last_pos;
         at.fit = k->graph ? k->fit : NULL;
@@ -1303,7 +1317,8 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                     p.kind0 = cl->E;
                     if (k->rp_h && t == 0) {   /* o_proj raises them (oproj_routed) */
                         p.h_flag = k->rp_h;
-                        p.r_flag = k->rp_h + 1;
+                        p.r_flag = k->rp_h + 2;
+                        p.r_pack = rpack_ok(c, cl);
                         p.epoch = c->rp_flags;
                     }
                 }
@@ -2298,8 +2313,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         /* a split's scores fit 256 (k_attend's sc); the graph's partials
          * are sized for splits of MXC_ATT_SPAN_DECODE, a bound for longer ones */
         v = getenv("MLXCEL_CUDA_ATT_SPAN");
-        const int sp = v ? atoi(v) : MXC_ATT_SPAN_DECODE;
-        c->att_span = sp == 128 || sp == 256 ? sp : MXC_ATT_SPAN_DECODE;
+        const int sp = v ? atoi(v) : 0;
+        c->att_span = sp == 64 || sp == 128 || sp == 256 ? sp : 0;   /* 0: mxc_att's span_auto */
     }
     mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
@@ -2308,6 +2323,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->qkv_early = mx_env_flag("MLXCEL_CUDA_QKV_EARLY", 1);
     c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
     c->h_all = mx_env_flag("MLXCEL_CUDA_H_ALL", 1);
+    c->rpack = mx_env_flag("MLXCEL_CUDA_RPACK", 0);
     c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
     c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
@@ -2395,9 +2411,9 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     if (ce == cudaSuccess && c->rp_on)
         ce = dalloc(&c->rp_ss, sizeof(double) * MXC_RP_MAX_BLOCKS);
     if (ce == cudaSuccess && c->rp_on)
-        ce = dalloc(&c->rp_flags, sizeof(int) * (size_t)(1 + 2 * m->n_layers));
+        ce = dalloc(&c->rp_flags, sizeof(int) * (size_t)RP_FLAGS_AT(m->n_layers));
     if (ce == cudaSuccess && c->rp_on)
-        ce = cudaMemset(c->rp_flags, 0, sizeof(int) * (size_t)(1 + 2 * m->n_layers));
+        ce = cudaMemset(c->rp_flags, 0, sizeof(int) * (size_t)RP_FLAGS_AT(m->n_layers));
     if (ce == cudaSuccess)
         ce = dalloc(&c->one_P, sizeof(int));
     if (ce == cudaSuccess)

@@ -268,6 +268,12 @@ typedef struct mxc_att {
     float scale;
     float *part;
     int n_split, span;
+    /* T = 1: the launch takes the shortest of span, 2 span, 4 span ... (at
+     * most MXC_ATT_SPAN_PROMPT) whose splits in use fit its blocks a head
+     * (span is then MXC_ATT_SPAN_DECODE, the partials sized for it): a long
+     * context in fewer, longer splits, one a block (MLXCEL_CUDA_ATT_SPAN
+     * unset or 0; a number fixes the span) */
+    int span_auto;
     float *out;
     int *cnt;                    /* T = 1: [nh] zeroed ints; the last split of a head combines (no second launch) */
     int max_z;                   /* with cnt: at most this many blocks a head, each looping over splits (0: about two blocks an SM in all) */
@@ -319,6 +325,11 @@ typedef struct mxc_route {
     int *h_flag, *r_flag;
     const int *epoch;
     int h_late;                  /* measuring: *h_flag once the logits are made (MLXCEL_CUDA_HFLAG_LATE) */
+    /* r_flag (8-byte aligned) is a 64-bit word: the step's count in its
+     * high half, the k <= 4 routed experts (E <= 255) a byte each in its
+     * low half, written by one relaxed store, no fence: phase 1 learns
+     * the routes in the load that sees the flag (MLXCEL_CUDA_RPACK) */
+    int r_pack;
 } mxc_route;
 int mxc_route_softmax(cudaStream_t st, const mxc_route *r);
 
@@ -393,6 +404,7 @@ typedef struct mxc_moe1 {
      * *h_flag is this step's (o_proj's rows are in) instead of when o_proj's
      * launch has ended, and a warp waits for *r_flag at its first routed row */
     const int *h_flag, *r_flag, *epoch;
+    int r_pack;                  /* r_flag holds the routes (mxc_route's r_pack) */
 } mxc_moe1;
 /* Phase 1: h rows of every slot (gate and up rows of all of them in one
  * launch); phase 2: out rows, the weights folded in. */

@@ -2984,11 +2984,29 @@ static int attend_tiles(cudaStream_t st, const mxc_att *a)
 
 /* One token's blocks a head at position pos: one for each split that
  * holds positions (the window's first to pos's), at most cap. */
-static int att_z(const mxc_att *a, int cap, int pos)
+static int att_used(const mxc_att *a, int span, int pos)
 {
     const int start = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-    const int used = pos / a->span - start / a->span + 1;
-    return max(1, min(cap, used));
+    return pos / span - start / span + 1;
+}
+
+static int att_z(const mxc_att *a, int span, int cap, int pos)
+{
+    return max(1, min(cap, att_used(a, span, pos)));
+}
+
+/* One token's split length at position pos with cap blocks a head
+ * (mxc_att's span_auto): at a context of 4 096 and 16 blocks a head,
+ * splits of 256 (one a block) decode at 501 tok/s against 370 for 64
+ * (four a block, one after the other); at 100-164 positions, 64 (two or
+ * three blocks a head) at 792 against 723 for 128 (docs/cuda.md). */
+static int att_span_at(const mxc_att *a, int cap, int pos)
+{
+    int s = a->span;
+    if (a->span_auto)
+        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used(a, s, pos) > cap)
+            s *= 2;
+    return s;
 }
 
 struct mxc_att_node {
@@ -2997,6 +3015,7 @@ struct mxc_att_node {
     void *func;
     size_t smem;
     int cap, z;                  /* captured blocks a head, those of the executable graph now */
+    int span;                    /* the executable graph's split length now (att_span_at) */
 };
 
 /* While capturing: the launch just made (the stream's only leaf) into a->fit. */
@@ -3029,6 +3048,7 @@ static int att_record(cudaStream_t st, const mxc_att *b, void *func, size_t smem
     nd0->func = func;
     nd0->smem = smem;
     nd0->cap = nd0->z = cap;
+    nd0->span = b->span;
     return 0;
 }
 
@@ -3036,10 +3056,12 @@ int mxc_att_fit_pos(cudaGraphExec_t x, mxc_att_fit *f, int pos)
 {
     for (int i = 0; i < f->n; i++) {
         mxc_att_node *v = &f->v[i];
-        const int z = att_z(&v->a, v->cap, pos);
-        if (z == v->z)
+        const int sp = att_span_at(&v->a, v->cap, pos), z = att_z(&v->a, sp, v->cap, pos);
+        if (z == v->z && sp == v->span)
             continue;
-        void *args[1] = {&v->a};
+        mxc_att b = v->a;
+        b.span = sp;
+        void *args[1] = {&b};
         cudaKernelNodeParams p = {};
         p.func = v->func;
         p.gridDim = dim3((unsigned)v->a.nh, (unsigned)v->a.T, (unsigned)z);
@@ -3050,6 +3072,7 @@ int mxc_att_fit_pos(cudaGraphExec_t x, mxc_att_fit *f, int pos)
         if (ce != cudaSuccess)
             return (int)ce;
         v->z = z;
+        v->span = sp;
     }
     return 0;
 }
@@ -3069,16 +3092,18 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
      * share of the splits (k_attend); where the host knows the position,
      * no more than the splits in use */
     int nz = a->n_split;
+    mxc_att b = *a;
     if (a->cnt) {
         const int want = a->max_z > 0 ? a->max_z : 2 * sm_count() / (a->nh * a->T);
         nz = min(nz, max(1, want));
-        if (a->hpos >= 0)
-            nz = att_z(a, nz, a->hpos);
+        if (a->hpos >= 0) {
+            b.span = att_span_at(a, nz, a->hpos);
+            nz = att_z(a, b.span, nz, a->hpos);
+        }
     }
     dim3 grid((unsigned)a->nh, (unsigned)a->T, (unsigned)nz);
     /* one token, heads up to ATT_PRE_HD: the first split's old rows copied
      * before the wait (k_attend) */
-    mxc_att b = *a;
     b.pre = a->cnt && g_att_pre && a->hd <= ATT_PRE_HD && a->hd % 4 == 0;
     const size_t smem = b.pre ? (size_t)2 * MXC_ATT_SPAN_DECODE * ATT_PRE_HD * sizeof(float) : 0;
     static int lifted;
@@ -3556,7 +3581,7 @@ __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float
  * last block took 6-7 us to route under the step's load, 2-3 inline
  * (decode 675 -> 714 tok/s: docs/cuda.md, session 17). */
 __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const float *lsm = nullptr,
-                                            const float *gsm = nullptr)
+                                            const float *gsm = nullptr, uint32_t *packed = nullptr)
 {
     constexpr int NP = MXC_ROUTE_FUSED_MAX / 32;
     const int E = r.E;
@@ -3616,6 +3641,8 @@ __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const 
             r.P[lane] = myp;
             r.W[lane] = myw;
         }
+        if (packed)   /* choices 0 .. 3 a byte each (mxc_route's r_pack: k <= 4, E <= 255) */
+            *packed = __reduce_or_sync(0xffffffffu, lane < r.k && lane < 4 ? (uint32_t)myp << (8 * lane) : 0u);
     } else if (lane == 0) {
         for (int j = 0; j < r.k; j++) {
             if (r.norm_topk)
@@ -4550,11 +4577,19 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     if (rt.h_flag && rt.h_late && threadIdx.x == 0)
         flag_set(rt.h_flag, ep);
     STAMP_AT(7);
+    uint32_t pk = 0;
     if (warp == 0)   /* the router's rows first, then the gate's */
-        route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr);
+        route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr, &pk);
     if (threadIdx.x == 0)
         *cnt = 0;
-    if (rt.r_flag) {   /* the routes (warp 0's stores) for phase 1's routed rows */
+    if (rt.r_flag && rt.r_pack) {
+        /* the routes inside the flag: one relaxed 64-bit store, nothing
+         * to order before it (phase 2 reads P and W after this launch) */
+        if (threadIdx.x == 0) {
+            const unsigned long long v = (unsigned long long)(unsigned)ep << 32 | pk;
+            asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(rt.r_flag), "l"(v) : "memory");
+        }
+    } else if (rt.r_flag) {   /* the routes (warp 0's stores) for phase 1's routed rows */
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence();
@@ -4620,12 +4655,31 @@ struct moe1_src {
         static_assert(sizeof(mxc_mat) % 8 == 0, "a lane copies 8 bytes");
         constexpr int NW = (int)sizeof(mxc_mat) / 8;
         const int lane = threadIdx.x & 31, n = 2 * (p.n_routed - p.lo) * NW;
-        if (lane == 0)
-            flag_wait_for(p.r_flag, ep);
-        __syncwarp();
-        for (int i = lane; i < n; i += 32) {
-            const int m = i / NW;
-            ((uint64_t *)(sm + m))[i % NW] = ((const uint64_t *)(p.table + 3 * __ldcg(p.P + p.lo + m / 2) + m % 2))[i % NW];
+        if (p.r_pack) {   /* the routes in the flag's word (slots lo = 0 .. 3) */
+            uint32_t ids = 0;
+            if (lane == 0) {
+                unsigned long long v;
+                for (;;) {
+                    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p.r_flag) : "memory");
+                    if ((int)(v >> 32) == ep)
+                        break;
+                    __nanosleep(64);
+                }
+                ids = (uint32_t)v;
+            }
+            ids = __shfl_sync(0xffffffffu, ids, 0);
+            for (int i = lane; i < n; i += 32) {
+                const int m = i / NW, id = (int)(ids >> (8 * (p.lo + m / 2))) & 255;
+                ((uint64_t *)(sm + m))[i % NW] = ((const uint64_t *)(p.table + 3 * id + m % 2))[i % NW];
+            }
+        } else {
+            if (lane == 0)
+                flag_wait_for(p.r_flag, ep);
+            __syncwarp();
+            for (int i = lane; i < n; i += 32) {
+                const int m = i / NW;
+                ((uint64_t *)(sm + m))[i % NW] = ((const uint64_t *)(p.table + 3 * __ldcg(p.P + p.lo + m / 2) + m % 2))[i % NW];
+            }
         }
         __syncwarp();
         rw = 0;
