@@ -222,10 +222,10 @@ void mxc_set_ring(int on);
 void mxc_set_att_pre(int on);
 
 /* One token's q/k/v and lm_head (n), phase 1 (moe) stage their input
- * norm in clusters of that many blocks (2, 4 or 8), each block reading a
- * slice of the residual and sharing it through distributed shared memory
- * (MLXCEL_CUDA_CLUSTER, MLXCEL_CUDA_CLUSTER_MOE, 2 by default; other
- * values: every block reads it all). */
+ * norm in clusters of 2 blocks (n, moe = 2), each block reading half of
+ * the residual and sharing it through distributed shared memory
+ * (MLXCEL_CUDA_CLUSTER, MLXCEL_CUDA_CLUSTER_MOE, 2 by default; 0: every
+ * block reads it all). */
 void mxc_set_cluster(int n, int moe);
 
 /* The tensor-core tiles on wgmma where the GPU runs this build's sm_90a
@@ -269,7 +269,7 @@ typedef struct mxc_att {
     float *part;
     int n_split, span;
     /* T = 1: the launch takes the shortest of span, 2 span, 4 span ... (at
-     * most MXC_ATT_SPAN_PROMPT) whose splits in use fit its blocks a head
+     * most MXC_ATT_SPAN_PROMPT) whose splits in use are at most two a block
      * (span is then MXC_ATT_SPAN_DECODE, the partials sized for it): a long
      * context in fewer, longer splits, one a block (MLXCEL_CUDA_ATT_SPAN
      * unset or 0; a number fixes the span) */

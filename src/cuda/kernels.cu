@@ -68,15 +68,16 @@ static int g_att_pre = 1;
 
 extern "C" void mxc_set_att_pre(int on) { g_att_pre = on; }
 
-/* one token's q/k/v and lm_head stage their input norm in clusters of
- * this many blocks, each reading a slice (MLXCEL_CUDA_CLUSTER: 2, 4 or 8;
- * 0 or 1: every block reads the whole residual) */
+/* one token's q/k/v and lm_head (g_cluster), phase 1 (g_cluster_moe)
+ * stage their input norm in clusters of 2 blocks, each reading half
+ * (MLXCEL_CUDA_CLUSTER, MLXCEL_CUDA_CLUSTER_MOE; 0: every block reads the
+ * whole residual).  Clusters of 4 and 8 were slower (docs/cuda.md). */
 static int g_cluster = 0, g_cluster_moe = 0;
 
 extern "C" void mxc_set_cluster(int n, int moe)
 {
-    g_cluster = n == 2 || n == 4 || n == 8 ? n : 0;
-    g_cluster_moe = moe == 2 || moe == 4 || moe == 8 ? moe : 0;
+    g_cluster = n == 2 ? n : 0;
+    g_cluster_moe = moe == 2 ? moe : 0;
 }
 
 /* ---- phase stamps (a measuring build: -DMXC_STAMPS) ----------------------------
@@ -2996,15 +2997,17 @@ static int att_z(const mxc_att *a, int span, int cap, int pos)
 }
 
 /* One token's split length at position pos with cap blocks a head
- * (mxc_att's span_auto): at a context of 4 096 and 16 blocks a head,
- * splits of 256 (one a block) decode at 501 tok/s against 370 for 64
- * (four a block, one after the other); at 100-164 positions, 64 (two or
- * three blocks a head) at 792 against 723 for 128 (docs/cuda.md). */
+ * (mxc_att's span_auto): the shortest that leaves a block at most two
+ * splits.  At a context of 4 096 and 16 blocks a head, splits of 256 (one
+ * or two a block) decode at 501 tok/s against 370 for 64 (four or five a
+ * block, one after the other); at 100-164 positions, 64 (two or three
+ * blocks a head) at 792 against 723 for 128; at 1 000-1 064, 64 (one or
+ * two a block) did better than 128 (docs/cuda.md). */
 static int att_span_at(const mxc_att *a, int cap, int pos)
 {
     int s = a->span;
     if (a->span_auto)
-        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used(a, s, pos) > cap)
+        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used(a, s, pos) > 2 * cap)
             s *= 2;
     return s;
 }
@@ -4637,7 +4640,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvt(const __grid_constant__ mxc_
 
 /* Phase 1: groups of two h rows of one slot (gate rows r, r + 1 then up
  * rows r, r + 1); h = act(g) * u. */
-template <int BITS, int DT, bool MT = false>
+template <int BITS, int DT, bool MT = false, bool PK = false>
 struct moe1_src {
     const mxc_moe1 &p;
     mxc_mat *sm;
@@ -4655,7 +4658,7 @@ struct moe1_src {
         static_assert(sizeof(mxc_mat) % 8 == 0, "a lane copies 8 bytes");
         constexpr int NW = (int)sizeof(mxc_mat) / 8;
         const int lane = threadIdx.x & 31, n = 2 * (p.n_routed - p.lo) * NW;
-        if (p.r_pack) {   /* the routes in the flag's word (slots lo = 0 .. 3) */
+        if constexpr (PK) {   /* the routes in the flag's word (slots lo = 0 .. 3; p.r_pack) */
             uint32_t ids = 0;
             if (lane == 0) {
                 unsigned long long v;
@@ -4733,7 +4736,7 @@ struct moe1_src {
     }
 };
 
-template <int BITS, int DT, bool IX, bool MT = false, bool RING = false, int CL = 1>
+template <int BITS, int DT, bool IX, bool MT = false, bool RING = false, int CL = 1, bool PK = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
     STAMP(4);
@@ -4765,9 +4768,9 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         load_slots(p, sm, 0, 2);
     }
     const int64_t g = (int64_t)blockIdx.x * WARPS + warp, gstride = (int64_t)gridDim.x * WARPS;
-    moe1_src<BITS, DT, MT> src(sm + (fl ? warp * ns2 : 0), p, (int)shift, (int)G, ep, fl);
-    using Walk = std::conditional_t<RING, mv_ring<BITS, 4, moe1_src<BITS, DT, MT>>,
-                                    mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, moe1_src<BITS, DT, MT>>>;
+    using Src = moe1_src<BITS, DT, MT, PK>;
+    Src src(sm + (fl ? warp * ns2 : 0), p, (int)shift, (int)G, ep, fl);
+    using Walk = std::conditional_t<RING, mv_ring<BITS, 4, Src>, mv_walk<BITS, 4, mv_depth<BITS, 4, IX>::v, Src>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, 4, RING>() / WARPS : 0));
     /* the first weights in flight while x is staged; with pre, before the
      * wait where the warp's first group is an extra slot's and holds all
@@ -5137,9 +5140,7 @@ static int launch_mvs(cudaStream_t st, const mxc_mv *mv, const float *x, const m
         /* the input norm staged by clusters (MLXCEL_CUDA_CLUSTER) */
         const int64_t d = mv->m[0].cols;
         if (g_cluster > 1 && nin && !rt && !nin->b && d <= 8 * THREADS && d % (32 * g_cluster) == 0) {
-            const int rc = g_cluster == 2   ? launch_mvs_cl<BITS, DT, R, 2>(st, mv, x, nin, G, smem, want)
-                           : g_cluster == 4 ? launch_mvs_cl<BITS, DT, R, 4>(st, mv, x, nin, G, smem, want)
-                                            : launch_mvs_cl<BITS, DT, R, 8>(st, mv, x, nin, G, smem, want);
+            const int rc = launch_mvs_cl<BITS, DT, R, 2>(st, mv, x, nin, G, smem, want);
             if (rc != -1)
                 return rc;
         }
@@ -5390,21 +5391,21 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
         const int64_t want = (G1 + WARPS - 1) / WARPS,
                       fit = (int64_t)resident((const void *)k_moe1s<BITS, DT, IX, false, RING>, smem1) * sm_count();
         if constexpr (IX && RING) {
-            /* the FFN norm staged by clusters (MLXCEL_CUDA_CLUSTER_MOE) */
-            const int c = g_cluster_moe;
-            if (c > 1 && q.has_nin && !q.nin.b && q.d <= 8 * THREADS && q.d % (32 * c) == 0) {
-                const int cf = c == 2   ? cluster_fit(k_moe1s<BITS, DT, IX, false, RING, 2>, 2, smem1)
-                               : c == 4 ? cluster_fit(k_moe1s<BITS, DT, IX, false, RING, 4>, 4, smem1)
-                                        : cluster_fit(k_moe1s<BITS, DT, IX, false, RING, 8>, 8, smem1);
+            /* the FFN norm staged by clusters of 2 (MLXCEL_CUDA_CLUSTER_MOE);
+             * the routes in the flag's word (p.r_pack): kernels of their own,
+             * so that the plain one keeps its registers */
+            const bool cl2 = g_cluster_moe == 2 && q.has_nin && !q.nin.b && q.d <= 8 * THREADS && q.d % 64 == 0;
+            const bool pk = q.r_pack && q.h_flag;
+            if (cl2 || pk) {
+                auto k = cl2 ? (pk ? k_moe1s<BITS, DT, IX, false, RING, 2, true> : k_moe1s<BITS, DT, IX, false, RING, 2>)
+                             : k_moe1s<BITS, DT, IX, false, RING, 1, true>;
+                const int c = cl2 ? 2 : 1;
+                const int64_t cf = cl2 ? cluster_fit(k, 2, smem1) : fit;
                 if (cf >= c) {
                     int64_t nb = (want + c - 1) / c * c;
                     nb = nb < cf ? nb : cf;
-                    rc = c == 2   ? launch_kc(k_moe1s<BITS, DT, IX, false, RING, 2>, 2, (unsigned)nb, THREADS, smem1,
-                                              st, 1, q, G1)
-                         : c == 4 ? launch_kc(k_moe1s<BITS, DT, IX, false, RING, 4>, 4, (unsigned)nb, THREADS, smem1,
-                                              st, 1, q, G1)
-                                  : launch_kc(k_moe1s<BITS, DT, IX, false, RING, 8>, 8, (unsigned)nb, THREADS, smem1,
-                                              st, 1, q, G1);
+                    rc = c > 1 ? launch_kc(k, c, (unsigned)nb, THREADS, smem1, st, 1, q, G1)
+                               : launch_k(k, (unsigned)nb, THREADS, smem1, st, 1, q, G1);
                     return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, &q);
                 }
             }
