@@ -2323,7 +2323,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->qkv_early = mx_env_flag("MLXCEL_CUDA_QKV_EARLY", 1);
     c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
     c->h_all = mx_env_flag("MLXCEL_CUDA_H_ALL", 1);
-    c->rpack = mx_env_flag("MLXCEL_CUDA_RPACK", 0);
+    c->rpack = mx_env_flag("MLXCEL_CUDA_RPACK", 1);
     c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
     c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
