@@ -947,18 +947,19 @@ int main(void)
         gpu_vs_cpu(dir, "kjv-moe", 5, 8, 0, 0);
         unsetenv("MLXCEL_CUDA_RING");
         /* the input norms of q/k/v, lm_head and phase 1 staged by
-         * clusters of blocks, each reading a slice (distributed shared
-         * memory) */
-        for (int cl = 2; cl <= 8; cl *= 2) {
-            char v[8];
-            snprintf(v, sizeof v, "%d", cl);
-            setenv("MLXCEL_CUDA_CLUSTER", v, 1);
-            setenv("MLXCEL_CUDA_CLUSTER_MOE", v, 1);
+         * clusters of 2 blocks, each reading half (distributed shared
+         * memory), and by every block whole; with and without the routes
+         * in phase 1's flag (phase 1's four kernels) */
+        for (int i = 0; i < 4; i++) {
+            setenv("MLXCEL_CUDA_CLUSTER", i & 1 ? "2" : "0", 1);
+            setenv("MLXCEL_CUDA_CLUSTER_MOE", i & 1 ? "2" : "0", 1);
+            setenv("MLXCEL_CUDA_RPACK", i & 2 ? "1" : "0", 1);
             gpu_vs_cpu(dir, "kjv-moe", 5, 16, 0, 0);
+            greedy_vs_cpu(dir);
         }
-        greedy_vs_cpu(dir);
         unsetenv("MLXCEL_CUDA_CLUSTER");
         unsetenv("MLXCEL_CUDA_CLUSTER_MOE");
+        unsetenv("MLXCEL_CUDA_RPACK");
         greedy_vs_cpu(dir);
         /* a context of 2048 (32 splits of 64, 10 of them holding
          * positions): blocks for all of them, and 3 blocks a head, each
@@ -971,10 +972,10 @@ int main(void)
         unsetenv("MLXCEL_CUDA_ATT_BLOCKS");
         /* one token's splits of 128 and 256 positions (the first 64 rows
          * still copied ahead), a short context in one split */
-        /* 1 block a head: the captured steps' splits grow from 64 to 128
-         * positions at position 128 (mxc_att's span_auto: at most two a
-         * block), with and without a window */
-        setenv("MLXCEL_CUDA_ATT_BLOCKS", "1", 1);
+        /* 2 blocks a head: the captured steps' splits grow from 64 to 128
+         * positions at position 128 (mxc_att's span_auto: one a block),
+         * with and without a window */
+        setenv("MLXCEL_CUDA_ATT_BLOCKS", "2", 1);
         gpu_vs_cpu(dir, "kjv-moe", 100, 80, 0, 2048);
         gpu_vs_cpu(dir, "kjv-moe", 100, 80, 90, 2048);
         gpu_vs_cpu(dir, "kjv-moe", 600, 16, 0, 2048);

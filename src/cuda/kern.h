@@ -269,7 +269,7 @@ typedef struct mxc_att {
     float *part;
     int n_split, span;
     /* T = 1: the launch takes the shortest of span, 2 span, 4 span ... (at
-     * most MXC_ATT_SPAN_PROMPT) whose splits in use are at most two a block
+     * most MXC_ATT_SPAN_PROMPT) whose splits in use are at most one a block
      * (span is then MXC_ATT_SPAN_DECODE, the partials sized for it): a long
      * context in fewer, longer splits, one a block (MLXCEL_CUDA_ATT_SPAN
      * unset or 0; a number fixes the span) */

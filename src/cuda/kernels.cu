@@ -2997,17 +2997,16 @@ static int att_z(const mxc_att *a, int span, int cap, int pos)
 }
 
 /* One token's split length at position pos with cap blocks a head
- * (mxc_att's span_auto): the shortest that leaves a block at most two
- * splits.  At a context of 4 096 and 16 blocks a head, splits of 256 (one
- * or two a block) decode at 501 tok/s against 370 for 64 (four or five a
- * block, one after the other); at 100-164 positions, 64 (two or three
- * blocks a head) at 792 against 723 for 128; at 1 000-1 064, 64 (one or
- * two a block) did better than 128 (docs/cuda.md). */
+ * (mxc_att's span_auto): the shortest that leaves a block one split.
+ * With 16 blocks a head (qwen1.5 on an H200), decode tok/s at contexts of
+ * 1 000 / 2 000 / 3 000 with splits of 64: 674 / 555 / 458, of 128: 669 /
+ * 620 / 507, of 256: 603 / 574 / 546; at 100-164 positions 64 (two or
+ * three blocks a head) 792 against 723 for 128 (docs/cuda.md). */
 static int att_span_at(const mxc_att *a, int cap, int pos)
 {
     int s = a->span;
     if (a->span_auto)
-        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used(a, s, pos) > 2 * cap)
+        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used(a, s, pos) > cap)
             s *= 2;
     return s;
 }
@@ -5400,7 +5399,8 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
                 auto k = cl2 ? (pk ? k_moe1s<BITS, DT, IX, false, RING, 2, true> : k_moe1s<BITS, DT, IX, false, RING, 2>)
                              : k_moe1s<BITS, DT, IX, false, RING, 1, true>;
                 const int c = cl2 ? 2 : 1;
-                const int64_t cf = cl2 ? cluster_fit(k, 2, smem1) : fit;
+                /* (resident and cluster_fit also lift k's shared-memory limit) */
+                const int64_t cf = cl2 ? cluster_fit(k, 2, smem1) : (int64_t)resident((const void *)k, smem1) * sm_count();
                 if (cf >= c) {
                     int64_t nb = (want + c - 1) / c * c;
                     nb = nb < cf ? nb : cf;
