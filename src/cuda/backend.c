@@ -956,7 +956,6 @@ static mxc_mv router_mv(const cu_ctx *c, const cu_layer *cl, const cu_buf *b)
     return mv;
 }
 
-/* Layer l's softmax top-k routing of the call's T tokens (on the GPU). */
 /* Layer l's h_flag in rp_flags (its r_flag 2 ints on: 64 bits, 8-byte
  * aligned); RP_FLAGS_AT(n_layers) ints in all. */
 #define RP_FLAGS_AT(l) (2 + 4 * (l))
@@ -968,6 +967,7 @@ static int rpack_ok(const cu_ctx *c, const cu_layer *cl)
     return c->rpack && cl->k <= 4 && cl->E <= 255;
 }
 
+/* Layer l's softmax top-k routing of the call's T tokens (on the GPU). */
 static mxc_route route_of(const call *k, int l)
 {
     const cu_ctx *c = k->c;
