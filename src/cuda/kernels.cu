@@ -3739,6 +3739,60 @@ __device__ __forceinline__ uint32_t bytes_k(uint32_t a, uint32_t b, uint32_t c, 
     return __byte_perm(ab, cd, k == 0 ? 0x5410u : 0x7632u);
 }
 
+/* Quarter q of chunk c's digits (its 8 values x: 4 consecutive lanes
+ * make a chunk) into dg, ok false for a thread past the last chunk (it
+ * still takes part in the shuffles). */
+template <int BITS>
+__device__ __forceinline__ void digit_item(const float *x, bool ok, int c, int q, uint32_t *dg)
+{
+    uint32_t mb = 0;
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        mb = max(mb, __float_as_uint(x[u]) & 0x7FFFFFFFu);
+    mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+    mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+    float s = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    /* m < 2^e with e = E - 126 (E the biased exponent of m): dx =
+     * 2^(e - 23) puts |x / dx| under 2^23; chunks under 2^-102 share
+     * the scale of 2^-102 (their few bits are far below fp32's
+     * resolution of any larger partial sum) */
+    const int E = (int)(mb >> 23);
+    float dx, inv;
+    if (E == 255) {
+        dx = __uint_as_float(mb);
+        inv = 0.0f;
+    } else {
+        const int Ec = E < 24 ? 24 : E;
+        dx = __uint_as_float((uint32_t)(Ec - 22) << 23);
+        inv = __uint_as_float((uint32_t)(276 - Ec) << 23);
+    }
+    uint32_t v[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        v[u] = (uint32_t)min(max(__float2int_rn(x[u] * inv), -(1 << 23)), (1 << 23) - 1);
+    if (ok) {
+        uint32_t *d = dg + c * DS + 2 * q;
+#pragma unroll
+        for (int k = 0; k < 3; k++) {
+            uint2 w;
+            if constexpr (BITS == 4) {   /* a quarter's even values, then its odd values */
+                w.x = bytes_k(v[0], v[2], v[4], v[6], k);
+                w.y = bytes_k(v[1], v[3], v[5], v[7], k);
+            } else {
+                w.x = bytes_k(v[0], v[1], v[2], v[3], k);
+                w.y = bytes_k(v[4], v[5], v[6], v[7], k);
+            }
+            *(uint2 *)(d + 8 * k) = w;
+        }
+        if (q == 0) {
+            dg[c * DS + 24] = __float_as_uint(dx);
+            dg[c * DS + 25] = __float_as_uint(s);
+        }
+    }
+}
+
 /* The digits of x's chunks into dg.  Chunk c's values are src[c * stride
  * .. + 32) (x in global memory, stride 32, or staged by stage_norm,
  * stride XS); 4 consecutive threads take a chunk, 8 values each, so a
@@ -3746,62 +3800,6 @@ __device__ __forceinline__ uint32_t bytes_k(uint32_t a, uint32_t b, uint32_t c, 
  * The chunk's largest |x| is found on the bit patterns (NaN above inf
  * above every finite value), so a non-finite x gives a non-finite dx and
  * a non-finite result.  Every thread calls it. */
-/* Quarter q of chunk c's digits (its 8 values x: 4 consecutive lanes
- * make a chunk) into dg, ok false for a thread past the last chunk (it
- * still takes part in the shuffles). */
-template <int BITS>
-__device__ __forceinline__ void digit_item(const float *x, bool ok, int c, int q, uint32_t *dg)
-{
-    {
-        uint32_t mb = 0;
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            mb = max(mb, __float_as_uint(x[u]) & 0x7FFFFFFFu);
-        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-        float s = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        /* m < 2^e with e = E - 126 (E the biased exponent of m): dx =
-         * 2^(e - 23) puts |x / dx| under 2^23; chunks under 2^-102 share
-         * the scale of 2^-102 (their few bits are far below fp32's
-         * resolution of any larger partial sum) */
-        const int E = (int)(mb >> 23);
-        float dx, inv;
-        if (E == 255) {
-            dx = __uint_as_float(mb);
-            inv = 0.0f;
-        } else {
-            const int Ec = E < 24 ? 24 : E;
-            dx = __uint_as_float((uint32_t)(Ec - 22) << 23);
-            inv = __uint_as_float((uint32_t)(276 - Ec) << 23);
-        }
-        uint32_t v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            v[u] = (uint32_t)min(max(__float2int_rn(x[u] * inv), -(1 << 23)), (1 << 23) - 1);
-        if (ok) {
-            uint32_t *d = dg + c * DS + 2 * q;
-#pragma unroll
-            for (int k = 0; k < 3; k++) {
-                uint2 w;
-                if constexpr (BITS == 4) {   /* a quarter's even values, then its odd values */
-                    w.x = bytes_k(v[0], v[2], v[4], v[6], k);
-                    w.y = bytes_k(v[1], v[3], v[5], v[7], k);
-                } else {
-                    w.x = bytes_k(v[0], v[1], v[2], v[3], k);
-                    w.y = bytes_k(v[4], v[5], v[6], v[7], k);
-                }
-                *(uint2 *)(d + 8 * k) = w;
-            }
-            if (q == 0) {
-                dg[c * DS + 24] = __float_as_uint(dx);
-                dg[c * DS + 25] = __float_as_uint(s);
-            }
-        }
-    }
-}
-
 template <int BITS>
 __device__ __forceinline__ void stage_digits(const float *src, int stride, int nch, uint32_t *dg)
 {
