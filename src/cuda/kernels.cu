@@ -251,46 +251,41 @@ __device__ __forceinline__ void pdl_enter(void)
     pdl_wait();
 }
 
-/* k<<<grid, block, smem, st>>>(args), with programmatic serialisation
+/* k<<<grid, block, smem, st>>>(args) in clusters of cl blocks along x
+ * (cl > 1; grid.x a multiple of cl), with programmatic serialisation
  * unless pdl is 0 (a step's first kernel, after copies) or MLXCEL_CUDA_PDL=0. */
-template <typename... P, typename... A>
-static int launch_k(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int pdl, A... args)
-{
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl && g_pdl ? 1 : 0;
-    const cudaError_t ce = cudaLaunchKernelEx(&cfg, k, ((P)args)...);
-    return ce != cudaSuccess ? (int)ce : launched();
-}
-
-/* launch_k in clusters of cl blocks along x (grid.x a multiple of cl). */
 template <typename... P, typename... A>
 static int launch_kc(void (*k)(P...), int cl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, int pdl,
                      A... args)
 {
     cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
+    int n = 0;
+    if (cl > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cl;
+        at[n].val.clusterDim.y = 1;
+        at[n++].val.clusterDim.z = 1;
+    }
+    if (pdl && g_pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = at;
-    cfg.numAttrs = pdl && g_pdl ? 2 : 1;
+    cfg.numAttrs = (unsigned)n;
     const cudaError_t ce = cudaLaunchKernelEx(&cfg, k, ((P)args)...);
     return ce != cudaSuccess ? (int)ce : launched();
+}
+
+/* launch_kc without clusters. */
+template <typename... P, typename... A>
+static int launch_k(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int pdl, A... args)
+{
+    return launch_kc(k, 1, grid, block, smem, st, pdl, args...);
 }
 
 /* ---- small device helpers ------------------------------------------------- */
@@ -5402,8 +5397,7 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
                 if (cf >= c) {
                     int64_t nb = (want + c - 1) / c * c;
                     nb = nb < cf ? nb : cf;
-                    rc = c > 1 ? launch_kc(k, c, (unsigned)nb, THREADS, smem1, st, 1, q, G1)
-                               : launch_k(k, (unsigned)nb, THREADS, smem1, st, 1, q, G1);
+                    rc = launch_kc(k, c, (unsigned)nb, THREADS, smem1, st, 1, q, G1);
                     return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, &q);
                 }
             }
