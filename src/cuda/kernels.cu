@@ -4963,8 +4963,28 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     unsigned char *ring = (unsigned char *)smem_f4;
     uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, R, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
-    if (threadIdx.x == 0)
-        sm = p.table[3 * __ldcg(p.P + j) + 2];
+    if (threadIdx.x == 0) {
+        int id;
+        if (RING && p.extras_first && j >= p.n_routed) {   /* an extra slot: its kind is known */
+            id = p.kind0 + j - p.n_routed;
+        } else if (RING && p.r_pack && p.r_flag) {
+            /* the routes from the flag's word, as phase 1 takes them: this
+             * launch may start beside phase 1 (MLXCEL_CUDA_MOE1_SPARE)
+             * before o_proj's last block has routed */
+            const int ep = __ldcg(p.epoch);
+            unsigned long long v;
+            for (;;) {
+                asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p.r_flag) : "memory");
+                if ((int)(v >> 32) == ep)
+                    break;
+                __nanosleep(64);
+            }
+            id = (int)(v >> (8 * j)) & 255;
+        } else {
+            id = __ldcg(p.P + j);
+        }
+        sm = p.table[3 * id + 2];
+    }
     __syncthreads();
     STAMP_AT(5);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -5188,6 +5208,21 @@ static int rp_fill(void)
     return p;
 }
 
+/* Blocks phase 1 leaves out of what is resident at once (measuring,
+ * MLXCEL_CUDA_MOE1_SPARE): o_proj's last block still routes while phase 1
+ * starts, and a grid of every resident block had one cluster wait for its
+ * slot and walk its rows after all the others. */
+static int moe1_spare(void)
+{
+    static int p = -1;
+    if (p < 0) {
+        const char *v = getenv("MLXCEL_CUDA_MOE1_SPARE");
+        p = v && *v ? atoi(v) : 0;
+        p = p < 0 || p > 1024 ? 0 : p;
+    }
+    return p;
+}
+
 static int moe2_fill(void)
 {
     static int p;
@@ -5209,6 +5244,15 @@ static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const
                         sm_count();
     const int64_t enough = fit * mvs_fill() / 100;
     if constexpr (RMAX == 4) {
+        /* measuring (MLXCEL_CUDA_LONG_R2): a long walk (lm_head: many
+         * groups a warp) at 2 rows a warp, 6 items in flight instead of 2 */
+        static int long_r2 = -1;
+        if (long_r2 < 0) {
+            const char *v = getenv("MLXCEL_CUDA_LONG_R2");
+            long_r2 = v && *v == '1';
+        }
+        if (long_r2 && (mv_groups(mv, 4) + WARPS - 1) / WARPS >= 4 * fit)
+            return launch_mvs<BITS, DT, 2, IX, RING>(st, mv, x, nin, rt, cnt);
         if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
             return launch_mvs<BITS, DT, 4, IX, RING>(st, mv, x, nin, rt, cnt);
     }
@@ -5339,7 +5383,16 @@ static int launch_moe2_s(cudaStream_t st, const mxc_moe1 *p)
         widest = q.off[j + 1] - q.off[j] > widest ? q.off[j + 1] - q.off[j] : widest;
     constexpr int RMAX = BITS == 4 ? 4 : 2;
     const size_t smem2 = ring_bytes<BITS, RMAX, RING>() + stage_bytes(widest, IX, !IX);
-    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX, RING>, smem2) * sm_count();
+    int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX, RING>, smem2) * sm_count();
+    {   /* measuring (MLXCEL_CUDA_MOE2_SPARE): blocks left to the next q/k/v */
+        static int spare = -1;
+        if (spare < 0) {
+            const char *v = getenv("MLXCEL_CUDA_MOE2_SPARE");
+            spare = v && *v ? atoi(v) : 0;
+            spare = spare < 0 || spare > 1024 ? 0 : spare;
+        }
+        nb = nb - spare >= 8 ? nb - spare : 8;
+    }
     /* resident() on the variant launched too: it lifts that kernel's
      * shared-memory limit past 48 KB (a slot wider than about 6000 rows,
      * a wide dense MLP, staged more than that and its launch failed) */
@@ -5396,13 +5449,18 @@ static int launch_moe_s(cudaStream_t st, const mxc_moe1 *p)
                 const int64_t cf = cl2 ? cluster_fit(k, 2, smem1) : (int64_t)resident((const void *)k, smem1) * sm_count();
                 if (cf >= c) {
                     int64_t nb = (want + c - 1) / c * c;
-                    nb = nb < cf ? nb : cf;
+                    /* (phase 2 may then start beside phase 1: safe where it takes the routes from the flag) */
+                    const int spare = pk ? moe1_spare() : 0;
+                    const int64_t top = cf - spare >= c ? (cf - spare) / c * c : c;
+                    nb = nb < top ? nb : top;
                     rc = launch_kc(k, c, (unsigned)nb, THREADS, smem1, st, 1, q, G1);
                     return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, &q);
                 }
             }
         }
-        rc = launch_k(k_moe1s<BITS, DT, IX, false, RING>, (unsigned)(want < fit ? want : fit), THREADS, smem1, st, 1,
+        const int spare = q.r_pack && q.h_flag ? moe1_spare() : 0;
+        const int64_t top = fit - spare >= 1 ? fit - spare : 1;
+        rc = launch_k(k_moe1s<BITS, DT, IX, false, RING>, (unsigned)(want < top ? want : top), THREADS, smem1, st, 1,
                       q, G1);
     }
     return rc ? rc : launch_moe2_s<BITS, DT, IX, RING>(st, &q);
