@@ -2341,6 +2341,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = cudaEventCreateWithFlags(&c->ev_lists, cudaEventDisableTiming);
     if (ce == cudaSuccess) {   /* __constant__s of the kernels: after the device is set */
         mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
+        mxc_set_slots_once(mx_env_flag("MLXCEL_CUDA_SLOTS_ONCE", 1));
     }
     if (ce != cudaSuccess) {
         rc = cu_fail(e, ce, "starting GPU 0");

@@ -225,12 +225,24 @@ __device__ __forceinline__ void pdl_go(void) {}
  * Either way a kernel starts only when every block of its predecessor is
  * past its wait: what the kernels two launches back wrote is complete, and
  * the code before a wait may read it (through L2: ld.cg, cp.async.cg).
- * (Phase 1 on o_proj's flags, k_moe1s with h_flag, runs on flags instead
- * and waits only at its end, before its trigger, which keeps this so.)
+ * (Phase 1 on o_proj's flags, k_moe1s with h_flag, runs on flags instead:
+ * it lets phase 2 launch at its start and waits for o_proj's launch only at
+ * its end.  Phase 2's blocks may then start beside it before o_proj's last
+ * block has routed (the slots phase 1 leaves spare, moe1_spare), so with
+ * the routes inside the flag's word they take their kinds from that word
+ * or the launch's parameters, never from the routes' array; without it no
+ * slot is left spare and they start only as phase 1's blocks leave.)
  * (Triggering right after the wait, with the streaming grids one block an
  * SM so that the successor's blocks copy their weights beside them, was
  * slower: docs/cuda.md.) */
 __constant__ int c_pdl_trigger = 1;
+/* stage_norm_cl loads every slot row at once (MLXCEL_CUDA_SLOTS_ONCE) */
+__constant__ int c_slots_once = 1;
+
+extern "C" void mxc_set_slots_once(int on)
+{
+    cudaMemcpyToSymbol(c_slots_once, &on, sizeof on);
+}
 
 extern "C" void mxc_set_pdl_trigger(int on)
 {
@@ -3477,6 +3489,9 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
  * block) and scales its xs as stage_norm does.  Each block loads the
  * norm's weights itself, before the barrier.  The same arithmetic per
  * value; only the sum of squares is added in another (fixed) order. */
+#ifndef CL_SLOTS
+#define CL_SLOTS 8   /* slot rows stage_norm_cl loads at once (more: a loop of rounds) */
+#endif
 template <int CL>
 __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float *xs)
 {
@@ -3507,6 +3522,28 @@ __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float
             if (j < S)
                 a[u] = __ldcg(n.dl.D + lo + j);
         }
+    } else if (n.has && n.dl.K <= CL_SLOTS && c_slots_once) {
+        /* every slot's loads at once (a thread's slice is U values): one
+         * trip to L2 where the loop below, unrolled by 4, took two for
+         * qwen1.5's five slots; the same sums in the same order */
+        float wk[CL_SLOTS], y[CL_SLOTS][U];
+#pragma unroll
+        for (int k = 0; k < CL_SLOTS; k++) {
+            wk[k] = k < n.dl.K ? n.dl.W[k] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int j = threadIdx.x + u * nt;
+                y[k][u] = k < n.dl.K && j < S ? n.dl.Y[(int64_t)k * d + lo + j] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < CL_SLOTS; k++)
+            if (k < n.dl.K) {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (threadIdx.x + u * nt < S)
+                        a[u] += wk[k] * y[k][u];
+            }
     } else if (n.has) {
 #pragma unroll 4
         for (int k = 0; k < n.dl.K; k++) {
@@ -5208,17 +5245,22 @@ static int rp_fill(void)
     return p;
 }
 
-/* Blocks phase 1 leaves out of what is resident at once (measuring,
- * MLXCEL_CUDA_MOE1_SPARE): o_proj's last block still routes while phase 1
- * starts, and a grid of every resident block had one cluster wait for its
- * slot and walk its rows after all the others. */
+/* Blocks phase 1 leaves out of what is resident at once
+ * (MLXCEL_CUDA_MOE1_SPARE, default 24).  o_proj's last block still routes
+ * when phase 1 starts: with every resident block in phase 1's grid, one
+ * cluster waited for that block's slot and walked its rows after all the
+ * others (stamps: it passed its wait 10 us after the first block), and
+ * phase 2's blocks could only start once phase 1's had left.  Decode on
+ * an H200 (qwen1.5 synth): 808.6-809.6 tok/s with none spare, 2: 817,
+ * 8: 826, 16: 827.3-827.8, 24: 828.6-830.1, 32: 814.7-816.7, 132: 734
+ * (docs/cuda.md, session 21). */
 static int moe1_spare(void)
 {
     static int p = -1;
     if (p < 0) {
         const char *v = getenv("MLXCEL_CUDA_MOE1_SPARE");
-        p = v && *v ? atoi(v) : 0;
-        p = p < 0 || p > 1024 ? 0 : p;
+        p = v && *v ? atoi(v) : 24;
+        p = p < 0 || p > 1024 ? 24 : p;
     }
     return p;
 }
