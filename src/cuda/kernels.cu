@@ -236,13 +236,6 @@ __device__ __forceinline__ void pdl_go(void) {}
  * SM so that the successor's blocks copy their weights beside them, was
  * slower: docs/cuda.md.) */
 __constant__ int c_pdl_trigger = 1;
-/* stage_norm_cl loads every slot row at once (MLXCEL_CUDA_SLOTS_ONCE) */
-__constant__ int c_slots_once = 1;
-
-extern "C" void mxc_set_slots_once(int on)
-{
-    cudaMemcpyToSymbol(c_slots_once, &on, sizeof on);
-}
 
 extern "C" void mxc_set_pdl_trigger(int on)
 {
@@ -2650,6 +2643,56 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
 /* With a.cnt (one token): the last split block of head h to finish
  * combines the head's partials (what k_att_combine does), so decode needs
  * no second launch. */
+/* One token's splits in use at position pos (from the window's first
+ * position to pos's) and the split length mxc_attend takes there with cap
+ * blocks a head (span_auto: the shortest from span up that leaves a block
+ * one split); the host's fitting and the kernels that find the splits
+ * again (mxc_attc) share them. */
+__host__ __device__ __forceinline__ int att_used_r(int window, int span, int pos)
+{
+    const int start = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    return pos / span - start / span + 1;
+}
+
+__host__ __device__ __forceinline__ int att_span_r(int span, int span_auto, int window, int cap, int pos)
+{
+    int s = span;
+    if (span_auto)
+        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used_r(window, s, pos) > cap)
+            s *= 2;
+    return s;
+}
+
+/* Value i of a head's attention output from its splits s0 .. s1 (partials
+ * at base, hd + 2 floats apart: hd values, the largest score, the sum of
+ * the exponentials), M the largest of their scores.  Every place that
+ * combines splits takes it, in this order of operations. */
+__device__ __forceinline__ float att_comb_at(const float *base, int hd, int s0, int s1, float M, int i)
+{
+    float L = 0.0f, o = 0.0f;
+    for (int s = s0; s <= s1; s++) {
+        const float *ps = base + s * (hd + 2);
+        const float m = __ldcg(ps + hd);
+        if (m == -INFINITY)
+            continue;
+        const float f = expf(m - M);
+        L += __ldcg(ps + hd + 1) * f;
+        o += __ldcg(ps + i) * f;
+    }
+    return o / L;
+}
+
+/* The splits one token's attention used at its position (mxc_attc: the
+ * rule mxc_attend fitted the launch by) */
+__device__ __forceinline__ void att_splits(const mxc_attc &c, int *s0, int *s1)
+{
+    const int pos = __ldcg(c.pos);
+    const int span = att_span_r(c.span, c.span_auto, c.window, c.cap, pos);
+    const int start = c.window && pos - c.window + 1 > 0 ? pos - c.window + 1 : 0;
+    *s0 = start / span;
+    *s1 = pos / span;
+}
+
 __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int s0, int s1, int nblk)
 {
     __shared__ int last;
@@ -2678,19 +2721,8 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
     float M = -INFINITY;
     for (int s = s0; s <= s1; s++)
         M = fmaxf(M, __ldcg(base + s * (hd + 2) + hd));
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float L = 0.0f, o = 0.0f;
-        for (int s = s0; s <= s1; s++) {
-            const float *ps = base + s * (hd + 2);
-            const float m = __ldcg(ps + hd);
-            if (m == -INFINITY)
-                continue;
-            const float f = expf(m - M);
-            L += __ldcg(ps + hd + 1) * f;
-            o += __ldcg(ps + i) * f;
-        }
-        a.out[((int64_t)t * a.nh + h) * hd + i] = o / L;
-    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        a.out[((int64_t)t * a.nh + h) * hd + i] = att_comb_at(base, hd, s0, s1, M, i);
     if (threadIdx.x == 0)
         a.cnt[h] = 0;
 }
@@ -2774,7 +2806,8 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         }
         STAMP_AT(6);
         pdl_trigger();
-        combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
+        if (!a.o_comb)
+            combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
         return;
     }
     const int lo = max(sp * span, start), hi = min(pos, sp * span + span - 1);
@@ -2994,8 +3027,7 @@ static int attend_tiles(cudaStream_t st, const mxc_att *a)
  * holds positions (the window's first to pos's), at most cap. */
 static int att_used(const mxc_att *a, int span, int pos)
 {
-    const int start = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-    return pos / span - start / span + 1;
+    return att_used_r(a->window, span, pos);
 }
 
 static int att_z(const mxc_att *a, int span, int cap, int pos)
@@ -3011,11 +3043,40 @@ static int att_z(const mxc_att *a, int span, int cap, int pos)
  * three blocks a head) 792 against 723 for 128 (docs/cuda.md). */
 static int att_span_at(const mxc_att *a, int cap, int pos)
 {
-    int s = a->span;
-    if (a->span_auto)
-        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used(a, s, pos) > cap)
-            s *= 2;
-    return s;
+    return att_span_r(a->span, a->span_auto, a->window, cap, pos);
+}
+
+/* mxc_attend's blocks a head for a one-token launch before they are
+ * fitted to the position: the cap of att_span_at */
+static int att_cap(const mxc_att *a)
+{
+    const int want = a->max_z > 0 ? a->max_z : 2 * sm_count() / (a->nh * a->T);
+    return min(a->n_split, max(1, want));
+}
+
+void mxc_att_comb_src(const mxc_att *a, mxc_attc *c)
+{
+    *c = (mxc_attc){.part = a->part, .pos = a->pos, .out = a->out, .nh = a->nh, .hd = a->hd, .n_split = a->n_split,
+                    .span = a->span, .span_auto = a->span_auto, .window = a->window, .cap = att_cap(a)};
+}
+
+__global__ void k_att_combine1(const __grid_constant__ mxc_attc c)
+{
+    pdl_enter();
+    int s0, s1;
+    att_splits(c, &s0, &s1);
+    const float *base = c.part + (int64_t)blockIdx.x * c.n_split * (c.hd + 2);
+    float M = -INFINITY;
+    for (int s = s0; s <= s1; s++)
+        M = fmaxf(M, __ldcg(base + s * (c.hd + 2) + c.hd));
+    for (int i = threadIdx.x; i < c.hd; i += blockDim.x)
+        c.out[(int64_t)blockIdx.x * c.hd + i] = att_comb_at(base, c.hd, s0, s1, M, i);
+    pdl_trigger();
+}
+
+int mxc_att_combine1(cudaStream_t st, const mxc_attc *c)
+{
+    return launch_k(k_att_combine1, dim3((unsigned)c->nh), 128, 0, st, 1, *c);
 }
 
 struct mxc_att_node {
@@ -3103,8 +3164,7 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
     int nz = a->n_split;
     mxc_att b = *a;
     if (a->cnt) {
-        const int want = a->max_z > 0 ? a->max_z : 2 * sm_count() / (a->nh * a->T);
-        nz = min(nz, max(1, want));
+        nz = att_cap(a);
         if (a->hpos >= 0) {
             b.span = att_span_at(a, nz, a->hpos);
             nz = att_z(a, b.span, nz, a->hpos);
@@ -3489,9 +3549,6 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
  * block) and scales its xs as stage_norm does.  Each block loads the
  * norm's weights itself, before the barrier.  The same arithmetic per
  * value; only the sum of squares is added in another (fixed) order. */
-#ifndef CL_SLOTS
-#define CL_SLOTS 8   /* slot rows stage_norm_cl loads at once (more: a loop of rounds) */
-#endif
 template <int CL>
 __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float *xs)
 {
@@ -3522,28 +3579,6 @@ __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float
             if (j < S)
                 a[u] = __ldcg(n.dl.D + lo + j);
         }
-    } else if (n.has && n.dl.K <= CL_SLOTS && c_slots_once) {
-        /* every slot's loads at once (a thread's slice is U values): one
-         * trip to L2 where the loop below, unrolled by 4, took two for
-         * qwen1.5's five slots; the same sums in the same order */
-        float wk[CL_SLOTS], y[CL_SLOTS][U];
-#pragma unroll
-        for (int k = 0; k < CL_SLOTS; k++) {
-            wk[k] = k < n.dl.K ? n.dl.W[k] : 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int j = threadIdx.x + u * nt;
-                y[k][u] = k < n.dl.K && j < S ? n.dl.Y[(int64_t)k * d + lo + j] : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < CL_SLOTS; k++)
-            if (k < n.dl.K) {
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (threadIdx.x + u * nt < S)
-                        a[u] += wk[k] * y[k][u];
-            }
     } else if (n.has) {
 #pragma unroll 4
         for (int k = 0; k < n.dl.K; k++) {
@@ -3850,6 +3885,71 @@ __device__ __forceinline__ void stage_digits(const float *src, int stride, int n
                 x[u] = 0.0f;
         }
         digit_item<BITS>(x, ok, c, q, dg);
+    }
+    __syncthreads();
+}
+
+/* One token's attention output made from its splits (mxc_attc, s0 .. s1
+ * from att_splits) into xs as stage_x lays it out: each value combined
+ * as att_comb_at does (the same operations in the same order: the bits
+ * the attention's last block would have stored).  Warp w takes heads w,
+ * w + WARPS, ..., its lanes consecutive values (each partial row read in
+ * whole lines; a split's largest score and sum reach every lane of the
+ * warp from one sector), every split's loads at once for up to 4 splits.
+ * hd a multiple of 32, at most 256 (the host checks). */
+__device__ __forceinline__ void stage_att_x(const mxc_attc &c, int s0, int s1, float *xs)
+{
+    constexpr int MS = 4, MJ = 8;
+    const int hd = c.hd, st = hd + 2, nj = hd >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int h = warp; h < c.nh; h += WARPS) {
+        const float *b = c.part + (int64_t)h * c.n_split * st;
+        float M = -INFINITY, L = 0.0f, o[MJ];
+#pragma unroll
+        for (int j = 0; j < MJ; j++)
+            o[j] = 0.0f;
+        if (s1 - s0 < MS) {
+            float m[MS], l[MS], v[MS][MJ];
+#pragma unroll
+            for (int k = 0; k < MS; k++) {
+                const float *ps = b + (int64_t)(s0 + k <= s1 ? s0 + k : s0) * st;
+                m[k] = s0 + k <= s1 ? __ldcg(ps + hd) : -INFINITY;
+                l[k] = __ldcg(ps + hd + 1);
+#pragma unroll
+                for (int j = 0; j < MJ; j++)
+                    v[k][j] = j < nj ? __ldcg(ps + lane + 32 * j) : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < MS; k++)
+                M = fmaxf(M, m[k]);
+#pragma unroll
+            for (int k = 0; k < MS; k++)
+                if (m[k] != -INFINITY) {
+                    const float f = expf(m[k] - M);
+                    L += l[k] * f;
+#pragma unroll
+                    for (int j = 0; j < MJ; j++)
+                        o[j] += v[k][j] * f;
+                }
+        } else {
+            for (int s = s0; s <= s1; s++)
+                M = fmaxf(M, __ldcg(b + s * st + hd));
+            for (int s = s0; s <= s1; s++) {
+                const float *ps = b + s * st;
+                const float mm = __ldcg(ps + hd);
+                if (mm == -INFINITY)
+                    continue;
+                const float f = expf(mm - M);
+                L += __ldcg(ps + hd + 1) * f;
+#pragma unroll
+                for (int j = 0; j < MJ; j++)
+                    if (j < nj)
+                        o[j] += __ldcg(ps + lane + 32 * j) * f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MJ; j++)
+            if (j < nj)   /* value lane + 32 j of head h: chunk h nj + j, place lane */
+                xs[(h * nj + j) * XS + lane] = o[j] / L;
     }
     __syncthreads();
 }
@@ -4359,9 +4459,10 @@ __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &n
 /* The streaming matvec as block blk of nblk: k_mvs, and the router blocks
  * of k_moe1r.  With cnt, the last of the nblk blocks to finish routes the
  * token (threadFenceReduction) and raises rt.ready when it is not NULL. */
-template <int BITS, int DT, int R, bool IX, bool RING = false, int CL = 1>
+template <int BITS, int DT, int R, bool IX, bool RING = false, int CL = 1, bool AC = false>
 __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int64_t G, int nch, const mxc_norm_in &nin,
-                                           int has_nin, const mxc_route &rt, int *cnt, int blk, int nblk)
+                                           int has_nin, const mxc_route &rt, int *cnt, int blk, int nblk,
+                                           const mxc_attc *ac = nullptr)
 {
     __shared__ int last;
     extern __shared__ float4 smem_f4[];
@@ -4376,10 +4477,17 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
                                     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* weights only: nothing an earlier kernel writes */
+    int s0 = 0, s1 = 0;
+    if constexpr (AC)   /* the position is there before the step */
+        att_splits(*ac, &s0, &s1);
     pdl_wait();
     if (mv.early)
         pdl_trigger();
-    stage_input<BITS, IX, CL>(x, nin, has_nin, nch, xs, sums, dg);
+    if constexpr (AC) {
+        stage_att_x(*ac, s0, s1, xs);
+        stage_digits<BITS>(xs, XS, nch, dg);
+    } else
+        stage_input<BITS, IX, CL>(x, nin, has_nin, nch, xs, sums, dg);
     STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
@@ -4630,7 +4738,7 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     }
 }
 
-template <int BITS, int DT, int R>
+template <int BITS, int DT, int R, bool AC = false>
 __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ mxc_mv mv, const float *x, int64_t G,
                                                       int nch, const __grid_constant__ mxc_rpart rp,
                                                       const __grid_constant__ mxc_route rt, int *cnt)
@@ -4639,7 +4747,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ m
     rp_row k;
     rp_load<R>(rp, rt, k);
     const mxc_norm_in no = {};
-    mvs_blocks<BITS, DT, R, true, true>(mv, x, G, nch, no, 0, rt, nullptr, blockIdx.x, gridDim.x);
+    mvs_blocks<BITS, DT, R, true, true, 1, AC>(mv, x, G, nch, no, 0, rt, nullptr, blockIdx.x, gridDim.x, &rp.ac);
     rp_finish<R>(mv, rp, rt, cnt, k);
 }
 
@@ -5319,6 +5427,11 @@ static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, cons
     for (int i = 0; i < rp->rv.n; i++)
         if (rp->rv.m[i].gs % (WARPS * R) || WARPS * R * rp->rv.m[i].bits / 32 > RP_WORDS)
             return -1;
+    if (rp->has_ac) {   /* the attention's splits combined while staged (a kernel of its own: the registers) */
+        resident((const void *)k_mvs_rp<BITS, DT, R, true>, smem);   /* lifts its shared-memory limit */
+        return launch_k(k_mvs_rp<BITS, DT, R, true>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G,
+                        (int)(mv->m[0].cols >> 5), *rp, *rt, cnt);
+    }
     return launch_k(k_mvs_rp<BITS, DT, R>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
                     *rp, *rt, cnt);
 }
