@@ -2782,6 +2782,12 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         if constexpr (FUSE)
             rot_make(a.qkv, pos, rot);
         pdl_wait();
+        /* o_proj combines the splits (o_comb): its blocks start beside
+         * these, ask for their weights and find the splits in use while
+         * the attention runs (what they read before their wait is q/k/v's
+         * or older, complete now) */
+        if (a.o_comb)
+            pdl_trigger();
         if (npre)
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();   /* the rows and the rotation, to every thread */
@@ -3889,48 +3895,81 @@ __device__ __forceinline__ void stage_digits(const float *src, int stride, int n
     __syncthreads();
 }
 
+/* NH heads h0, h0 + WARPS, ... of one token's attention output made
+ * from their splits s0 .. s1 (at most MS of them) into xs, lane taking
+ * values lane, lane + 32, ... (MJ of them at most): every load of the NH
+ * heads issued before the first is used. */
+template <int NH, int MJ>
+__device__ __forceinline__ void att_heads_x(const mxc_attc &c, int h0, int s0, int s1, float *xs)
+{
+    constexpr int MS = 4;
+    const int hd = c.hd, st = hd + 2, nj = hd >> 5, lane = threadIdx.x & 31;
+    float m[NH][MS], l[NH][MS], v[NH][MS][MJ];
+#pragma unroll
+    for (int q = 0; q < NH; q++) {
+        const int h = h0 + q * WARPS < c.nh ? h0 + q * WARPS : h0;
+        const float *b = c.part + (int64_t)h * c.n_split * st;
+#pragma unroll
+        for (int k = 0; k < MS; k++) {
+            const float *ps = b + (int64_t)(s0 + k <= s1 ? s0 + k : s0) * st;
+            m[q][k] = s0 + k <= s1 ? __ldcg(ps + hd) : -INFINITY;
+            l[q][k] = __ldcg(ps + hd + 1);
+#pragma unroll
+            for (int j = 0; j < MJ; j++)
+                v[q][k][j] = j < nj ? __ldcg(ps + lane + 32 * j) : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < NH; q++) {
+        const int h = h0 + q * WARPS;
+        float M = -INFINITY, L = 0.0f, o[MJ];
+#pragma unroll
+        for (int j = 0; j < MJ; j++)
+            o[j] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MS; k++)
+            M = fmaxf(M, m[q][k]);
+#pragma unroll
+        for (int k = 0; k < MS; k++)
+            if (m[q][k] != -INFINITY) {
+                const float f = expf(m[q][k] - M);
+                L += l[q][k] * f;
+#pragma unroll
+                for (int j = 0; j < MJ; j++)
+                    o[j] += v[q][k][j] * f;
+            }
+#pragma unroll
+        for (int j = 0; j < MJ; j++)
+            if (j < nj && h < c.nh)   /* value lane + 32 j of head h: chunk h nj + j, place lane */
+                xs[(h * nj + j) * XS + lane] = o[j] / L;
+    }
+}
+
 /* One token's attention output made from its splits (mxc_attc, s0 .. s1
  * from att_splits) into xs as stage_x lays it out: each value combined
  * as att_comb_at does (the same operations in the same order: the bits
  * the attention's last block would have stored).  Warp w takes heads w,
  * w + WARPS, ..., its lanes consecutive values (each partial row read in
  * whole lines; a split's largest score and sum reach every lane of the
- * warp from one sector), every split's loads at once for up to 4 splits.
- * hd a multiple of 32, at most 256 (the host checks). */
+ * warp from one sector); up to 4 splits, two heads' loads at once (heads
+ * up to 128), else one head's; more splits in a loop.  hd a multiple of
+ * 32, at most 256 (the host checks). */
 __device__ __forceinline__ void stage_att_x(const mxc_attc &c, int s0, int s1, float *xs)
 {
-    constexpr int MS = 4, MJ = 8;
     const int hd = c.hd, st = hd + 2, nj = hd >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int h = warp; h < c.nh; h += WARPS) {
-        const float *b = c.part + (int64_t)h * c.n_split * st;
-        float M = -INFINITY, L = 0.0f, o[MJ];
+    if (s1 - s0 < 4 && nj <= 4) {
+        for (int h = warp; h < c.nh; h += 2 * WARPS)
+            att_heads_x<2, 4>(c, h, s0, s1, xs);
+    } else if (s1 - s0 < 4) {
+        for (int h = warp; h < c.nh; h += WARPS)
+            att_heads_x<1, 8>(c, h, s0, s1, xs);
+    } else {
+        for (int h = warp; h < c.nh; h += WARPS) {
+            const float *b = c.part + (int64_t)h * c.n_split * st;
+            float M = -INFINITY, L = 0.0f, o[8];
 #pragma unroll
-        for (int j = 0; j < MJ; j++)
-            o[j] = 0.0f;
-        if (s1 - s0 < MS) {
-            float m[MS], l[MS], v[MS][MJ];
-#pragma unroll
-            for (int k = 0; k < MS; k++) {
-                const float *ps = b + (int64_t)(s0 + k <= s1 ? s0 + k : s0) * st;
-                m[k] = s0 + k <= s1 ? __ldcg(ps + hd) : -INFINITY;
-                l[k] = __ldcg(ps + hd + 1);
-#pragma unroll
-                for (int j = 0; j < MJ; j++)
-                    v[k][j] = j < nj ? __ldcg(ps + lane + 32 * j) : 0.0f;
-            }
-#pragma unroll
-            for (int k = 0; k < MS; k++)
-                M = fmaxf(M, m[k]);
-#pragma unroll
-            for (int k = 0; k < MS; k++)
-                if (m[k] != -INFINITY) {
-                    const float f = expf(m[k] - M);
-                    L += l[k] * f;
-#pragma unroll
-                    for (int j = 0; j < MJ; j++)
-                        o[j] += v[k][j] * f;
-                }
-        } else {
+            for (int j = 0; j < 8; j++)
+                o[j] = 0.0f;
             for (int s = s0; s <= s1; s++)
                 M = fmaxf(M, __ldcg(b + s * st + hd));
             for (int s = s0; s <= s1; s++) {
@@ -3941,15 +3980,15 @@ __device__ __forceinline__ void stage_att_x(const mxc_attc &c, int s0, int s1, f
                 const float f = expf(mm - M);
                 L += __ldcg(ps + hd + 1) * f;
 #pragma unroll
-                for (int j = 0; j < MJ; j++)
+                for (int j = 0; j < 8; j++)
                     if (j < nj)
                         o[j] += __ldcg(ps + lane + 32 * j) * f;
             }
-        }
 #pragma unroll
-        for (int j = 0; j < MJ; j++)
-            if (j < nj)   /* value lane + 32 j of head h: chunk h nj + j, place lane */
-                xs[(h * nj + j) * XS + lane] = o[j] / L;
+            for (int j = 0; j < 8; j++)
+                if (j < nj)
+                    xs[(h * nj + j) * XS + lane] = o[j] / L;
+        }
     }
     __syncthreads();
 }
