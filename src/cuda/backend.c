@@ -153,7 +153,6 @@ typedef struct cu_ctx {
     int att_span;                /* one token's attention, positions a split (MLXCEL_CUDA_ATT_SPAN: 64, 128 or 256; 0: as the context wants) */
     int shared_early;            /* phase 1 on o_proj's flags, not its launch's end (MLXCEL_CUDA_SHARED_EARLY) */
     int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
-    int o_comb;                  /* one token's o_proj with the router combines the attention's splits (MLXCEL_CUDA_O_COMB) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
                                     r_flag (mxc_route; 64 bits, 8-byte aligned) at RP_FLAGS_AT(l) and 2 ints on */
     int rpack;                   /* MLXCEL_CUDA_RPACK: the routes inside r_flag where they fit (mxc_route's r_pack) */
@@ -843,8 +842,6 @@ typedef struct call {
     const mxc_norm_in *rp_fn;
     int pre_routed;
     int *rp_h;                   /* that o_proj's h_flag (its r_flag next), or NULL: phase 1 may wait on them */
-    int ac_pending;              /* the attention left its splits to the o_proj after it (mxc_att's o_comb) */
-    mxc_attc ac;
 } call;
 
 static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, mx_err *e);
@@ -985,17 +982,6 @@ static long g_rp_launches;
 
 long mx_cuda_rp_launches(void) { return g_rp_launches; }
 
-/* Whether layer l's o_proj of this call may take its router
- * (oproj_routed; the launch itself may still decline). */
-static int oproj_rp_applies(const call *k, int l)
-{
-    const cu_ctx *c = k->c;
-    const cu_layer *cl = &c->layers[l];
-    const mxc_norm_in *fn = k->rp_fn;
-    return c->rp_on && fn && k->T == 1 && !k->seqs && !k->tr && cl->is_moe && cl->route_fused && !c->moe_router &&
-           !fn->b && !cl->rin_w && fn->dl.D == k->b->out && fn->has && !fn->dl.K;
-}
-
 /* o_proj of one token with layer l's router folded in
  * (mxc_matvec_stream_rp): 1 when launched, 0 when it does not apply. */
 static int oproj_routed(call *k, int l, mx_err *e)
@@ -1004,7 +990,8 @@ static int oproj_routed(call *k, int l, mx_err *e)
     const cu_layer *cl = &c->layers[l];
     const mxc_norm_in *fn = k->rp_fn;
     cu_buf *b = k->b;
-    if (!oproj_rp_applies(k, l))
+    if (!c->rp_on || !fn || k->T != 1 || k->seqs || k->tr || !cl->is_moe || !cl->route_fused || c->moe_router ||
+        fn->b || cl->rin_w || fn->dl.D != b->out || !fn->has || fn->dl.K)
         return 0;
     const mxc_mv rv = router_mv(c, cl, b);
     mxc_rpart rp = {.rv = rv, .x = fn->x, .w = fn->w, .eps = fn->eps, .x_out = fn->x_out, .part = c->rp_part,
@@ -1022,14 +1009,9 @@ static int oproj_routed(call *k, int l, mx_err *e)
         r.h_late = c->hflag_late;
         r.r_pack = rpack_ok(c, cl);
     }
-    if (k->ac_pending) {   /* the attention's splits, combined while o_proj stages them */
-        rp.has_ac = 1;
-        rp.ac = k->ac;
-    }
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
     if (rc < 0)
         return 0;
-    k->ac_pending = 0;
     if (rc) {
         cu_fail(e, (cudaError_t)rc, "mxc_matvec_stream_rp");
         return -1;
@@ -1093,10 +1075,6 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
         KL(mxc_out_gate(c->st, b->att, b->q, a->q.rows, T, a->n_heads, a->head_dim));
     if ((rc = oproj_routed(k, l, e)))
         return rc < 0 ? e->code : MX_OK;
-    if (k->ac_pending) {   /* o_proj with the router declined: the splits combined on their own */
-        k->ac_pending = 0;
-        KL(mxc_att_combine1(c->st, &k->ac));
-    }
     return linear(k, cl->oi, b->att, a->q_dim, b->out, d, T, e);
 }
 
@@ -1138,15 +1116,6 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
         at.n_split = k->graph ? sq->n_split : (last_pos + at.span) / at.span;
         at.hpos = k->graph ? -1 : last_pos;
         at.fit = k->graph ? k->fit : NULL;
-        /* o_proj (with the router) combines the splits as it stages them:
-         * no head's last block chain (fence, counter, a second read) */
-        k->ac_pending = 0;
-        if (c->o_comb && !k->seqs && !a->out_gate && a->head_dim % 32 == 0 && a->head_dim <= 256 &&
-            oproj_rp_applies(k, l)) {
-            at.o_comb = 1;
-            mxc_att_comb_src(&at, &k->ac);
-            k->ac_pending = 1;
-        }
     } else {
         at.tile = c->att_tile;
         at.span = MXC_ATT_SPAN_PROMPT;
@@ -2357,7 +2326,6 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->rpack = mx_env_flag("MLXCEL_CUDA_RPACK", 1);
     c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
     c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
-    c->o_comb = mx_env_flag("MLXCEL_CUDA_O_COMB", 0);
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);

@@ -259,19 +259,6 @@ int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p);
 /* Attention of T tokens over the cache: out [T][nh * hd].  part holds
  * T * nh * n_split * (hd + 2) floats, n_split = ceil(positions / span)
  * for the furthest position the call can reach (span <= 256). */
-/* One token's attention splits combined by the o_proj after them instead
- * of by the attention's last block of each head (mxc_att's o_comb,
- * mxc_rpart's ac; MLXCEL_CUDA_O_COMB): the partials, the position and
- * what the split length follows (att_span_r), the combined row's place
- * where no o_proj takes them (mxc_att_combine1).  Head sizes a multiple
- * of 32, at most 256. */
-typedef struct mxc_attc {
-    const float *part;
-    const int *pos;
-    float *out;
-    int nh, hd, n_split, span, span_auto, window, cap;
-} mxc_attc;
-
 typedef struct mxc_att {
     const float *qr;
     const float *kc, *vc;
@@ -294,16 +281,10 @@ typedef struct mxc_att {
     int pre;                     /* set by mxc_attend: one token's first split's old K/V rows copied before the wait */
     int tile;                    /* T > 1: query tiles over key tiles (one launch, part unused) */
     int hpos;                    /* T = 1 outside a graph: the position (blocks only for the splits in use); else -1 */
-    int o_comb;                  /* T = 1: no head's last block combines the splits; the o_proj after does (mxc_attc) */
     struct mxc_att_fit *fit;     /* host: a step being captured records its one-token launch here */
     mxc_qkv qkv;
 } mxc_att;
 int mxc_attend(cudaStream_t st, const mxc_att *a);
-/* What an o_proj needs to combine a's splits itself (a one-token launch) */
-void mxc_att_comb_src(const mxc_att *a, mxc_attc *c);
-/* The combination alone, into c->out: where a's o_comb was set and no
- * o_proj combines them after all */
-int mxc_att_combine1(cudaStream_t st, const mxc_attc *c);
 
 /* One token's attention in a captured step: the graph replays at any
  * position, so its launch was captured with blocks for the sequence's
@@ -374,8 +355,6 @@ typedef struct mxc_rpart {
     float *part;                 /* [max_blocks][E] scratch */
     double *ss;                  /* [max_blocks] scratch */
     int max_blocks;
-    int has_ac;                  /* x is not the attention's output but its splits, combined while staged */
-    mxc_attc ac;
 } mxc_rpart;
 int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
                          const mxc_route *rt, int *cnt);

@@ -2643,56 +2643,6 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
 /* With a.cnt (one token): the last split block of head h to finish
  * combines the head's partials (what k_att_combine does), so decode needs
  * no second launch. */
-/* One token's splits in use at position pos (from the window's first
- * position to pos's) and the split length mxc_attend takes there with cap
- * blocks a head (span_auto: the shortest from span up that leaves a block
- * one split); the host's fitting and the kernels that find the splits
- * again (mxc_attc) share them. */
-__host__ __device__ __forceinline__ int att_used_r(int window, int span, int pos)
-{
-    const int start = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
-    return pos / span - start / span + 1;
-}
-
-__host__ __device__ __forceinline__ int att_span_r(int span, int span_auto, int window, int cap, int pos)
-{
-    int s = span;
-    if (span_auto)
-        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used_r(window, s, pos) > cap)
-            s *= 2;
-    return s;
-}
-
-/* Value i of a head's attention output from its splits s0 .. s1 (partials
- * at base, hd + 2 floats apart: hd values, the largest score, the sum of
- * the exponentials), M the largest of their scores.  Every place that
- * combines splits takes it, in this order of operations. */
-__device__ __forceinline__ float att_comb_at(const float *base, int hd, int s0, int s1, float M, int i)
-{
-    float L = 0.0f, o = 0.0f;
-    for (int s = s0; s <= s1; s++) {
-        const float *ps = base + s * (hd + 2);
-        const float m = __ldcg(ps + hd);
-        if (m == -INFINITY)
-            continue;
-        const float f = expf(m - M);
-        L += __ldcg(ps + hd + 1) * f;
-        o += __ldcg(ps + i) * f;
-    }
-    return o / L;
-}
-
-/* The splits one token's attention used at its position (mxc_attc: the
- * rule mxc_attend fitted the launch by) */
-__device__ __forceinline__ void att_splits(const mxc_attc &c, int *s0, int *s1)
-{
-    const int pos = __ldcg(c.pos);
-    const int span = att_span_r(c.span, c.span_auto, c.window, c.cap, pos);
-    const int start = c.window && pos - c.window + 1 > 0 ? pos - c.window + 1 : 0;
-    *s0 = start / span;
-    *s1 = pos / span;
-}
-
 __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int s0, int s1, int nblk)
 {
     __shared__ int last;
@@ -2721,8 +2671,19 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
     float M = -INFINITY;
     for (int s = s0; s <= s1; s++)
         M = fmaxf(M, __ldcg(base + s * (hd + 2) + hd));
-    for (int i = threadIdx.x; i < hd; i += blockDim.x)
-        a.out[((int64_t)t * a.nh + h) * hd + i] = att_comb_at(base, hd, s0, s1, M, i);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float L = 0.0f, o = 0.0f;
+        for (int s = s0; s <= s1; s++) {
+            const float *ps = base + s * (hd + 2);
+            const float m = __ldcg(ps + hd);
+            if (m == -INFINITY)
+                continue;
+            const float f = expf(m - M);
+            L += __ldcg(ps + hd + 1) * f;
+            o += __ldcg(ps + i) * f;
+        }
+        a.out[((int64_t)t * a.nh + h) * hd + i] = o / L;
+    }
     if (threadIdx.x == 0)
         a.cnt[h] = 0;
 }
@@ -2782,12 +2743,6 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         if constexpr (FUSE)
             rot_make(a.qkv, pos, rot);
         pdl_wait();
-        /* o_proj combines the splits (o_comb): its blocks start beside
-         * these, ask for their weights and find the splits in use while
-         * the attention runs (what they read before their wait is q/k/v's
-         * or older, complete now) */
-        if (a.o_comb)
-            pdl_trigger();
         if (npre)
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();   /* the rows and the rotation, to every thread */
@@ -2812,8 +2767,7 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         }
         STAMP_AT(6);
         pdl_trigger();
-        if (!a.o_comb)
-            combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
+        combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
         return;
     }
     const int lo = max(sp * span, start), hi = min(pos, sp * span + span - 1);
@@ -3033,7 +2987,8 @@ static int attend_tiles(cudaStream_t st, const mxc_att *a)
  * holds positions (the window's first to pos's), at most cap. */
 static int att_used(const mxc_att *a, int span, int pos)
 {
-    return att_used_r(a->window, span, pos);
+    const int start = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    return pos / span - start / span + 1;
 }
 
 static int att_z(const mxc_att *a, int span, int cap, int pos)
@@ -3049,40 +3004,11 @@ static int att_z(const mxc_att *a, int span, int cap, int pos)
  * three blocks a head) 792 against 723 for 128 (docs/cuda.md). */
 static int att_span_at(const mxc_att *a, int cap, int pos)
 {
-    return att_span_r(a->span, a->span_auto, a->window, cap, pos);
-}
-
-/* mxc_attend's blocks a head for a one-token launch before they are
- * fitted to the position: the cap of att_span_at */
-static int att_cap(const mxc_att *a)
-{
-    const int want = a->max_z > 0 ? a->max_z : 2 * sm_count() / (a->nh * a->T);
-    return min(a->n_split, max(1, want));
-}
-
-void mxc_att_comb_src(const mxc_att *a, mxc_attc *c)
-{
-    *c = (mxc_attc){.part = a->part, .pos = a->pos, .out = a->out, .nh = a->nh, .hd = a->hd, .n_split = a->n_split,
-                    .span = a->span, .span_auto = a->span_auto, .window = a->window, .cap = att_cap(a)};
-}
-
-__global__ void k_att_combine1(const __grid_constant__ mxc_attc c)
-{
-    pdl_enter();
-    int s0, s1;
-    att_splits(c, &s0, &s1);
-    const float *base = c.part + (int64_t)blockIdx.x * c.n_split * (c.hd + 2);
-    float M = -INFINITY;
-    for (int s = s0; s <= s1; s++)
-        M = fmaxf(M, __ldcg(base + s * (c.hd + 2) + c.hd));
-    for (int i = threadIdx.x; i < c.hd; i += blockDim.x)
-        c.out[(int64_t)blockIdx.x * c.hd + i] = att_comb_at(base, c.hd, s0, s1, M, i);
-    pdl_trigger();
-}
-
-int mxc_att_combine1(cudaStream_t st, const mxc_attc *c)
-{
-    return launch_k(k_att_combine1, dim3((unsigned)c->nh), 128, 0, st, 1, *c);
+    int s = a->span;
+    if (a->span_auto)
+        while (2 * s <= MXC_ATT_SPAN_PROMPT && att_used(a, s, pos) > cap)
+            s *= 2;
+    return s;
 }
 
 struct mxc_att_node {
@@ -3170,7 +3096,8 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
     int nz = a->n_split;
     mxc_att b = *a;
     if (a->cnt) {
-        nz = att_cap(a);
+        const int want = a->max_z > 0 ? a->max_z : 2 * sm_count() / (a->nh * a->T);
+        nz = min(nz, max(1, want));
         if (a->hpos >= 0) {
             b.span = att_span_at(a, nz, a->hpos);
             nz = att_z(a, b.span, nz, a->hpos);
@@ -3895,104 +3822,6 @@ __device__ __forceinline__ void stage_digits(const float *src, int stride, int n
     __syncthreads();
 }
 
-/* NH heads h0, h0 + WARPS, ... of one token's attention output made
- * from their splits s0 .. s1 (at most MS of them) into xs, lane taking
- * values lane, lane + 32, ... (MJ of them at most): every load of the NH
- * heads issued before the first is used. */
-template <int NH, int MJ>
-__device__ __forceinline__ void att_heads_x(const mxc_attc &c, int h0, int s0, int s1, float *xs)
-{
-    constexpr int MS = 4;
-    const int hd = c.hd, st = hd + 2, nj = hd >> 5, lane = threadIdx.x & 31;
-    float m[NH][MS], l[NH][MS], v[NH][MS][MJ];
-#pragma unroll
-    for (int q = 0; q < NH; q++) {
-        const int h = h0 + q * WARPS < c.nh ? h0 + q * WARPS : h0;
-        const float *b = c.part + (int64_t)h * c.n_split * st;
-#pragma unroll
-        for (int k = 0; k < MS; k++) {
-            const float *ps = b + (int64_t)(s0 + k <= s1 ? s0 + k : s0) * st;
-            m[q][k] = s0 + k <= s1 ? __ldcg(ps + hd) : -INFINITY;
-            l[q][k] = __ldcg(ps + hd + 1);
-#pragma unroll
-            for (int j = 0; j < MJ; j++)
-                v[q][k][j] = j < nj ? __ldcg(ps + lane + 32 * j) : 0.0f;
-        }
-    }
-#pragma unroll
-    for (int q = 0; q < NH; q++) {
-        const int h = h0 + q * WARPS;
-        float M = -INFINITY, L = 0.0f, o[MJ];
-#pragma unroll
-        for (int j = 0; j < MJ; j++)
-            o[j] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MS; k++)
-            M = fmaxf(M, m[q][k]);
-#pragma unroll
-        for (int k = 0; k < MS; k++)
-            if (m[q][k] != -INFINITY) {
-                const float f = expf(m[q][k] - M);
-                L += l[q][k] * f;
-#pragma unroll
-                for (int j = 0; j < MJ; j++)
-                    o[j] += v[q][k][j] * f;
-            }
-#pragma unroll
-        for (int j = 0; j < MJ; j++)
-            if (j < nj && h < c.nh)   /* value lane + 32 j of head h: chunk h nj + j, place lane */
-                xs[(h * nj + j) * XS + lane] = o[j] / L;
-    }
-}
-
-/* One token's attention output made from its splits (mxc_attc, s0 .. s1
- * from att_splits) into xs as stage_x lays it out: each value combined
- * as att_comb_at does (the same operations in the same order: the bits
- * the attention's last block would have stored).  Warp w takes heads w,
- * w + WARPS, ..., its lanes consecutive values (each partial row read in
- * whole lines; a split's largest score and sum reach every lane of the
- * warp from one sector); up to 4 splits, two heads' loads at once (heads
- * up to 128), else one head's; more splits in a loop.  hd a multiple of
- * 32, at most 256 (the host checks). */
-__device__ __forceinline__ void stage_att_x(const mxc_attc &c, int s0, int s1, float *xs)
-{
-    const int hd = c.hd, st = hd + 2, nj = hd >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (s1 - s0 < 4 && nj <= 4) {
-        for (int h = warp; h < c.nh; h += 2 * WARPS)
-            att_heads_x<2, 4>(c, h, s0, s1, xs);
-    } else if (s1 - s0 < 4) {
-        for (int h = warp; h < c.nh; h += WARPS)
-            att_heads_x<1, 8>(c, h, s0, s1, xs);
-    } else {
-        for (int h = warp; h < c.nh; h += WARPS) {
-            const float *b = c.part + (int64_t)h * c.n_split * st;
-            float M = -INFINITY, L = 0.0f, o[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                o[j] = 0.0f;
-            for (int s = s0; s <= s1; s++)
-                M = fmaxf(M, __ldcg(b + s * st + hd));
-            for (int s = s0; s <= s1; s++) {
-                const float *ps = b + s * st;
-                const float mm = __ldcg(ps + hd);
-                if (mm == -INFINITY)
-                    continue;
-                const float f = expf(mm - M);
-                L += __ldcg(ps + hd + 1) * f;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (j < nj)
-                        o[j] += __ldcg(ps + lane + 32 * j) * f;
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (j < nj)
-                    xs[(h * nj + j) * XS + lane] = o[j] / L;
-        }
-    }
-    __syncthreads();
-}
-
 /* stage_digits of a row in global memory (stride 32) of at most NR x
  * blockDim.x / 4 chunks, every round's loads issued before the first is
  * used: one trip to L2 instead of one a round (phase 2's h of a wide
@@ -4498,10 +4327,9 @@ __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &n
 /* The streaming matvec as block blk of nblk: k_mvs, and the router blocks
  * of k_moe1r.  With cnt, the last of the nblk blocks to finish routes the
  * token (threadFenceReduction) and raises rt.ready when it is not NULL. */
-template <int BITS, int DT, int R, bool IX, bool RING = false, int CL = 1, bool AC = false>
+template <int BITS, int DT, int R, bool IX, bool RING = false, int CL = 1>
 __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int64_t G, int nch, const mxc_norm_in &nin,
-                                           int has_nin, const mxc_route &rt, int *cnt, int blk, int nblk,
-                                           const mxc_attc *ac = nullptr)
+                                           int has_nin, const mxc_route &rt, int *cnt, int blk, int nblk)
 {
     __shared__ int last;
     extern __shared__ float4 smem_f4[];
@@ -4516,17 +4344,10 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
                                     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
     walk.prime(src);   /* weights only: nothing an earlier kernel writes */
-    int s0 = 0, s1 = 0;
-    if constexpr (AC)   /* the position is there before the step */
-        att_splits(*ac, &s0, &s1);
     pdl_wait();
     if (mv.early)
         pdl_trigger();
-    if constexpr (AC) {
-        stage_att_x(*ac, s0, s1, xs);
-        stage_digits<BITS>(xs, XS, nch, dg);
-    } else
-        stage_input<BITS, IX, CL>(x, nin, has_nin, nch, xs, sums, dg);
+    stage_input<BITS, IX, CL>(x, nin, has_nin, nch, xs, sums, dg);
     STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
@@ -4777,7 +4598,7 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     }
 }
 
-template <int BITS, int DT, int R, bool AC = false>
+template <int BITS, int DT, int R>
 __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ mxc_mv mv, const float *x, int64_t G,
                                                       int nch, const __grid_constant__ mxc_rpart rp,
                                                       const __grid_constant__ mxc_route rt, int *cnt)
@@ -4786,7 +4607,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ m
     rp_row k;
     rp_load<R>(rp, rt, k);
     const mxc_norm_in no = {};
-    mvs_blocks<BITS, DT, R, true, true, 1, AC>(mv, x, G, nch, no, 0, rt, nullptr, blockIdx.x, gridDim.x, &rp.ac);
+    mvs_blocks<BITS, DT, R, true, true>(mv, x, G, nch, no, 0, rt, nullptr, blockIdx.x, gridDim.x);
     rp_finish<R>(mv, rp, rt, cnt, k);
 }
 
@@ -5151,7 +4972,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
         int id;
         if (RING && p.extras_first && j >= p.n_routed) {   /* an extra slot: its kind is known */
             id = p.kind0 + j - p.n_routed;
-        } else if (RING && p.r_pack && p.r_flag) {
+        } else if (RING && p.r_pack && p.r_flag && j < 4) {
             /* the routes from the flag's word, as phase 1 takes them: this
              * launch may start beside phase 1 (MLXCEL_CUDA_MOE1_SPARE)
              * before o_proj's last block has routed */
@@ -5433,15 +5254,6 @@ static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const
                         sm_count();
     const int64_t enough = fit * mvs_fill() / 100;
     if constexpr (RMAX == 4) {
-        /* measuring (MLXCEL_CUDA_LONG_R2): a long walk (lm_head: many
-         * groups a warp) at 2 rows a warp, 6 items in flight instead of 2 */
-        static int long_r2 = -1;
-        if (long_r2 < 0) {
-            const char *v = getenv("MLXCEL_CUDA_LONG_R2");
-            long_r2 = v && *v == '1';
-        }
-        if (long_r2 && (mv_groups(mv, 4) + WARPS - 1) / WARPS >= 4 * fit)
-            return launch_mvs<BITS, DT, 2, IX, RING>(st, mv, x, nin, rt, cnt);
         if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
             return launch_mvs<BITS, DT, 4, IX, RING>(st, mv, x, nin, rt, cnt);
     }
@@ -5466,11 +5278,6 @@ static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, cons
     for (int i = 0; i < rp->rv.n; i++)
         if (rp->rv.m[i].gs % (WARPS * R) || WARPS * R * rp->rv.m[i].bits / 32 > RP_WORDS)
             return -1;
-    if (rp->has_ac) {   /* the attention's splits combined while staged (a kernel of its own: the registers) */
-        resident((const void *)k_mvs_rp<BITS, DT, R, true>, smem);   /* lifts its shared-memory limit */
-        return launch_k(k_mvs_rp<BITS, DT, R, true>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G,
-                        (int)(mv->m[0].cols >> 5), *rp, *rt, cnt);
-    }
     return launch_k(k_mvs_rp<BITS, DT, R>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
                     *rp, *rt, cnt);
 }
@@ -5577,16 +5384,7 @@ static int launch_moe2_s(cudaStream_t st, const mxc_moe1 *p)
         widest = q.off[j + 1] - q.off[j] > widest ? q.off[j + 1] - q.off[j] : widest;
     constexpr int RMAX = BITS == 4 ? 4 : 2;
     const size_t smem2 = ring_bytes<BITS, RMAX, RING>() + stage_bytes(widest, IX, !IX);
-    int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX, RING>, smem2) * sm_count();
-    {   /* measuring (MLXCEL_CUDA_MOE2_SPARE): blocks left to the next q/k/v */
-        static int spare = -1;
-        if (spare < 0) {
-            const char *v = getenv("MLXCEL_CUDA_MOE2_SPARE");
-            spare = v && *v ? atoi(v) : 0;
-            spare = spare < 0 || spare > 1024 ? 0 : spare;
-        }
-        nb = nb - spare >= 8 ? nb - spare : 8;
-    }
+    const int64_t nb = (int64_t)resident((const void *)k_moe2s<BITS, DT, RMAX, IX, RING>, smem2) * sm_count();
     /* resident() on the variant launched too: it lifts that kernel's
      * shared-memory limit past 48 KB (a slot wider than about 6000 rows,
      * a wide dense MLP, staged more than that and its launch failed) */
