@@ -3362,6 +3362,22 @@ __device__ __forceinline__ void stage_x(const float *__restrict__ x, int nch, fl
     __syncthreads();
 }
 
+/* An RMSNorm's last step on the staged row, xs[i] = w[i] * (xs[i] * r), for
+ * a thread's values i = threadIdx.x + u nt (u < 8, wv their weights): one
+ * place for stage_norm and stage_norm_cl, so that both keep the same
+ * arithmetic per value. */
+__device__ __forceinline__ void norm_scale8(float *xs, const float wv[8], int d, int nt, float r)
+{
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = threadIdx.x + u * nt;
+        if (i < d) {
+            float *v = xs + (i >> 5) * XS + (i & 31);
+            *v = wv[u] * (*v * r);
+        }
+    }
+}
+
 /* stage_x of norm(x + delta) (mxc_norm_in): each block computes the norm
  * of the whole row itself (the same arithmetic as k_addnorm); block 0
  * writes x + delta to x_out.  sums NULL: no chunk sums. */
@@ -3426,15 +3442,7 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
     if (!n.b && d <= 8 * nt) {
         ss = block_sum(ss);
         STAMP_AT(7);   /* (k_mvs, and phase 1, which has no point 7 of its own) the sum of squares */
-        const float r = 1.0f / sqrtf((float)(ss / (double)d) + n.eps);
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int i = threadIdx.x + u * nt;
-            if (i < d) {
-                float *v = xs + (i >> 5) * XS + (i & 31);
-                *v = wv[u] * (*v * r);
-            }
-        }
+        norm_scale8(xs, wv, d, nt, 1.0f / sqrtf((float)(ss / (double)d) + n.eps));
     } else if (!n.b) {
         ss = block_sum(ss);
         const float r = 1.0f / sqrtf((float)(ss / (double)d) + n.eps);
@@ -3559,15 +3567,7 @@ __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float
 #pragma unroll
     for (int q = 0; q < CL; q++)
         t += css[q];
-    const float r = 1.0f / sqrtf((float)(t / (double)d) + n.eps);
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const int i = threadIdx.x + u * nt;
-        if (i < d) {
-            float *p = xs + (i >> 5) * XS + (i & 31);
-            *p = wv[u] * (*p * r);
-        }
-    }
+    norm_scale8(xs, wv, d, nt, 1.0f / sqrtf((float)(t / (double)d) + n.eps));
     __syncthreads();
 }
 
