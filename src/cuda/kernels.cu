@@ -4278,6 +4278,22 @@ __device__ __forceinline__ void flag_wait_for(const int *f, int v)
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
+/* Step ep's routes, up to 4 experts a byte each, once the 64-bit word at
+ * r_flag holds them (mxc_route's r_pack: the step's count in the high
+ * half), as o_proj's last block stores it: relaxed loads, the word itself
+ * is the data, so no fence. */
+__device__ __forceinline__ uint32_t route_word_wait(const int *r_flag, int ep)
+{
+    unsigned long long v;
+    for (;;) {
+        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(r_flag) : "memory");
+        if ((int)(v >> 32) == ep)
+            break;
+        __nanosleep(64);
+    }
+    return (uint32_t)v;
+}
+
 __device__ __forceinline__ void flag_wait(const int *f)
 {
     int v;
@@ -4658,14 +4674,7 @@ struct moe1_src {
         if constexpr (PK) {   /* the routes in the flag's word (slots lo = 0 .. 3; p.r_pack) */
             uint32_t ids = 0;
             if (lane == 0) {
-                unsigned long long v;
-                for (;;) {
-                    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p.r_flag) : "memory");
-                    if ((int)(v >> 32) == ep)
-                        break;
-                    __nanosleep(64);
-                }
-                ids = (uint32_t)v;
+                ids = route_word_wait(p.r_flag, ep);
             }
             ids = __shfl_sync(0xffffffffu, ids, 0);
             for (int i = lane; i < n; i += 32) {
@@ -4976,15 +4985,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
             /* the routes from the flag's word, as phase 1 takes them: this
              * launch may start beside phase 1 (MLXCEL_CUDA_MOE1_SPARE)
              * before o_proj's last block has routed */
-            const int ep = __ldcg(p.epoch);
-            unsigned long long v;
-            for (;;) {
-                asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p.r_flag) : "memory");
-                if ((int)(v >> 32) == ep)
-                    break;
-                __nanosleep(64);
-            }
-            id = (int)(v >> (8 * j)) & 255;
+            id = (int)((unsigned long long)route_word_wait(p.r_flag, __ldcg(p.epoch)) >> (8 * j)) & 255;
         } else {
             id = __ldcg(p.P + j);
         }
