@@ -83,6 +83,8 @@ typedef struct cu_layer {
     struct cu_layer *dense;
     const float *mlo_w, *mlo_b, *mei_w, *mei_b, *meo_w, *meo_b, *rin_w;
     int plain;                                /* attention and an MoE or MLP alone: run_pass_fused's layer */
+    int estride;                              /* the routed experts' matrices one stride apart (mxc_moe1's) */
+    int64_t estr[3][3];                       /* the strides: gate, up, down x w, s, b (bytes) */
 } cu_layer;
 
 /* A call's device buffers, sized for cap tokens.  The decode set is made
@@ -153,6 +155,11 @@ typedef struct cu_ctx {
     int att_span;                /* one token's attention, positions a split (MLXCEL_CUDA_ATT_SPAN: 64, 128 or 256; 0: as the context wants) */
     int shared_early;            /* phase 1 on o_proj's flags, not its launch's end (MLXCEL_CUDA_SHARED_EARLY) */
     int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
+    int estride;                 /* the routed experts' matrices made from one stride where they are one apart:
+                                    bit 1 phase 2, bit 2 phase 1 (MLXCEL_CUDA_ESTRIDE, default 3) */
+    int qkv_post, moe1_post, moe2_post, head_post;   /* ring items asked for after the staging, not before the
+                                                        wait: q/k/v, phase 1, phase 2, lm_head (MLXCEL_CUDA_QKV_POST,
+                                                        _MOE1_POST, _MOE2_POST, _HEAD_POST) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
                                     r_flag (mxc_route; 64 bits, 8-byte aligned) at RP_FLAGS_AT(l) and 2 ints on */
     int rpack;                   /* MLXCEL_CUDA_RPACK: the routes inside r_flag where they fit (mxc_route's r_pack) */
@@ -434,6 +441,26 @@ static void slot_geometry(cu_ctx *c, cu_layer *cl)
         cl->ff_max = cl->extra_ff[x] > cl->ff_max ? cl->extra_ff[x] : cl->ff_max;
     c->Kp_max = cl->Kp > c->Kp_max ? cl->Kp : c->Kp_max;
     c->ff_max = cl->ff_max > c->ff_max ? cl->ff_max : c->ff_max;
+    /* the routed experts one stride apart (slices of the checkpoint's
+     * stacked tensors): mxc_moe1's e0 and estr then stand for the table */
+    cl->estride = cl->E >= 2;
+    for (int t = 0; t < 3 && cl->estride; t++) {
+        const mxc_mat *m0 = &c->mats[cl->table + t], *m1 = &c->mats[cl->table + 3 + t];
+        if (!m0->bits) {
+            cl->estride = 0;
+            break;
+        }
+        cl->estr[t][0] = (const char *)m1->w - (const char *)m0->w;
+        cl->estr[t][1] = (const char *)m1->s - (const char *)m0->s;
+        cl->estr[t][2] = (const char *)m1->b - (const char *)m0->b;
+        for (int x = 1; x < cl->E && cl->estride; x++) {
+            const mxc_mat *mx = &c->mats[cl->table + 3 * x + t];
+            cl->estride = mx->w == (const char *)m0->w + x * cl->estr[t][0] &&
+                          mx->s == (const char *)m0->s + x * cl->estr[t][1] &&
+                          mx->b == (const char *)m0->b + x * cl->estr[t][2] && !mx->bias && mx->rows == m0->rows &&
+                          mx->cols == m0->cols && mx->bits == m0->bits && mx->gs == m0->gs && mx->dt == m0->dt;
+        }
+    }
 }
 
 /* A dense MLP as the one slot of cl (a dense layer, or a parallel layer's
@@ -1036,7 +1063,7 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
     if (T <= MXC_MV_MAXT) {
         mxc_mv mv = {.n = nm, .m = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi >= 0 ? cl->vi : cl->ki]},
                      .y = {b->q, b->k, b->v}, .ldy = {a->q.rows, a->kv_dim, a->kv_dim},
-                     .early = T == 1 && c->qkv_early};
+                     .early = T == 1 && c->qkv_early, .post = T == 1 ? c->qkv_post : 0};
         if (nin)
             KL(mxc_matvec_stream(c->st, &mv, NULL, nin, NULL, NULL));
         else
@@ -1268,9 +1295,11 @@ static int host_routes(call *k, int l, mx_err *e)
     return MX_OK;
 }
 
-static long g_routed_launches;
+static long g_routed_launches, g_estride_launches;
 
 long mx_cuda_routed_launches(void) { return g_routed_launches; }
+
+long mx_cuda_estride_launches(void) { return g_estride_launches; }
 
 int mx_cuda_wgmma_active(void) { return mxc_wgmma_active(); }
 
@@ -1288,8 +1317,21 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
     const int64_t d = c->m->d, Kp = cl->Kp, r = t;
     mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P + r * Kp, .W = W + r * Kp, .lo = 0, .hi = cl->Kp,
                   .x = b->xn + r * d, .h = b->H + r * Kp * cl->ff_max, .out = b->ffn + r * d, .d = d,
-                  .act = c->m->act == MX_ACT_GELU_TANH, .early = c->moe2_early, .h_all = c->h_all};
+                  .act = c->m->act == MX_ACT_GELU_TANH, .early = c->moe2_early, .h_all = c->h_all,
+                  .post = c->moe2_post, .post1 = c->moe1_post};
     slot_offsets(cl, p.off);
+    if (cl->estride && c->estride) {   /* the routed experts' matrices from their parameters */
+        p.estride = c->estride;
+        g_estride_launches++;
+        for (int t = 0; t < 3; t++) {
+            p.e0[t] = c->mats[cl->table + t];
+            for (int q = 0; q < 3; q++)
+                p.estr[t][q] = cl->estr[t][q];
+        }
+    }
+    if (c->estride)
+        for (int x = 0; x < cl->n_extra && x < 2; x++, p.n_xd++)
+            p.xd[x] = c->mats[cl->table + 3 * (cl->E + x) + 2];
     if (cl->s_bits) {
         p.bits = cl->s_bits;
         p.Y = b->Y + r * Kp * d;
@@ -1804,7 +1846,7 @@ static int run_pass_fused(call *k, mx_err *e)
         has = 1;
     }
     const mxc_norm_in fin = {.x = xa, .dl = dl, .has = has, .w = c->fn_w, .b = c->fn_b, .eps = m->eps};
-    mxc_mv mv = {.n = 1, .m = {c->mats[c->head_i]}, .y = {b->logits}, .ldy = {m->vocab}};
+    mxc_mv mv = {.n = 1, .m = {c->mats[c->head_i]}, .y = {b->logits}, .ldy = {m->vocab}, .post = c->head_post};
     KL(mxc_matvec_stream(c->st, &mv, NULL, &fin, NULL, NULL));
     if (m->softcap > 0)
         KL(mxc_softcap(c->st, b->logits, m->vocab, m->softcap));
@@ -2326,6 +2368,19 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->rpack = mx_env_flag("MLXCEL_CUDA_RPACK", 1);
     c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
     c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
+    {
+        /* measuring: MLXCEL_CUDA_ESTRIDE_ONLY=1 phase 2 alone, =2 phase 1 alone */
+        const char *v = getenv("MLXCEL_CUDA_ESTRIDE_ONLY");
+        c->estride = mx_env_flag("MLXCEL_CUDA_ESTRIDE", 1) ? (v ? atoi(v) & 3 : 3) : 0;
+        v = getenv("MLXCEL_CUDA_QKV_POST");
+        c->qkv_post = v ? atoi(v) : 0;
+        v = getenv("MLXCEL_CUDA_MOE1_POST");
+        c->moe1_post = v ? atoi(v) : 0;
+        v = getenv("MLXCEL_CUDA_MOE2_POST");
+        c->moe2_post = v ? atoi(v) : 0;
+        v = getenv("MLXCEL_CUDA_HEAD_POST");
+        c->head_post = v ? atoi(v) : 0;
+    }
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;
     cudaError_t ce = cudaSetDevice(0);

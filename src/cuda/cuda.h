@@ -43,6 +43,11 @@ long mx_cuda_routed_launches(void);
 /* How many MoE layers of one-token steps were routed by o_proj's launch
  * (MLXCEL_CUDA_ROUTER_IN_O; a captured graph counts once); for tests. */
 long mx_cuda_rp_launches(void);
+/* How many one-token expert sums were launched with the routed experts'
+ * matrices made from one stride (MLXCEL_CUDA_ESTRIDE: the checkpoint's
+ * stacked tensors, no read of the matrix table on the step's chain; a
+ * captured graph counts once), in this process; for tests. */
+long mx_cuda_estride_launches(void);
 /* 1 when the prompt tiles run on wgmma (the GPU runs this build's sm_90a
  * code and MLXCEL_CUDA_WGMMA was not 0 when the last model or linear was
  * set up), else 0; for tests. */

@@ -4169,6 +4169,21 @@ struct mv_ring {
         for (int d = 0; d + 1 < G::D; d++)
             load_next(src);
     }
+    /* the same in two parts: all but `post` of them (prime_pre), before
+     * the wait, and the last `post` (prime_post) once the kernel has
+     * staged its input, so that the staging's loads do not queue behind
+     * every primed item of the SM (the ring's state after both is
+     * prime's) */
+    __device__ __forceinline__ void prime_pre(Src &src, int post)
+    {
+        for (int d = min(max(post, 0), G::D - 1); d + 1 < G::D; d++)
+            load_next(src);
+    }
+    __device__ __forceinline__ void prime_post(Src &src, int post)
+    {
+        for (int d = 0; d < min(max(post, 0), G::D - 1); d++)
+            load_next(src);
+    }
     template <int DT, bool IX>
     __device__ __forceinline__ void run(Src &src, int64_t g, const float *, const float *, const uint32_t *dg)
     {
@@ -4359,11 +4374,16 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     using Walk = std::conditional_t<RING, mv_ring<BITS, R, mv_src<BITS, DT, R>>,
                                     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
-    walk.prime(src);   /* weights only: nothing an earlier kernel writes */
+    if constexpr (RING)   /* weights only: nothing an earlier kernel writes */
+        walk.prime_pre(src, mv.post);
+    else
+        walk.prime(src);
     pdl_wait();
     if (mv.early)
         pdl_trigger();
     stage_input<BITS, IX, CL>(x, nin, has_nin, nch, xs, sums, dg);
+    if constexpr (RING)
+        walk.prime_post(src, mv.post);
     STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
@@ -4672,14 +4692,35 @@ struct moe1_src {
         constexpr int NW = (int)sizeof(mxc_mat) / 8;
         const int lane = threadIdx.x & 31, n = 2 * (p.n_routed - p.lo) * NW;
         if constexpr (PK) {   /* the routes in the flag's word (slots lo = 0 .. 3; p.r_pack) */
+            static_assert(2 * 4 * NW <= 64, "a lane copies at most two words");
+            /* with the experts one stride apart, each lane's words of
+             * expert 0's matrices and their strides (parameters) are asked
+             * for before the wait for the word: one round trip, not two */
+            uint64_t bw[2] = {0, 0};
+            int64_t bs[2] = {0, 0};
+            if (p.estride & 2) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int i = lane + 32 * u, m = i / NW, q = i % NW;
+                    if (i < n) {
+                        bw[u] = ((const uint64_t *)(p.e0 + m % 2))[q];
+                        bs[u] = q < 3 ? p.estr[m % 2][q] : 0;
+                    }
+                }
+            }
             uint32_t ids = 0;
             if (lane == 0) {
                 ids = route_word_wait(p.r_flag, ep);
             }
             ids = __shfl_sync(0xffffffffu, ids, 0);
-            for (int i = lane; i < n; i += 32) {
-                const int m = i / NW, id = (int)(ids >> (8 * (p.lo + m / 2))) & 255;
-                ((uint64_t *)(sm + m))[i % NW] = ((const uint64_t *)(p.table + 3 * id + m % 2))[i % NW];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int i = lane + 32 * u, m = i / NW, q = i % NW;
+                if (i < n) {
+                    const int id = (int)(ids >> (8 * (p.lo + m / 2))) & 255;
+                    ((uint64_t *)(sm + m))[q] = (p.estride & 2) ? bw[u] + (uint64_t)(id * bs[u])
+                                                          : ((const uint64_t *)(p.table + 3 * id + m % 2))[q];
+                }
             }
         } else {
             if (lane == 0)
@@ -4784,8 +4825,12 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     bool early = !pre;
     if constexpr (RING)
         early = early || (g + shift < G && ring_geom<BITS, 4>::D - 1 <= ((nch + 31) >> 5));
-    if (early)
-        walk.prime(src);
+    if (early) {
+        if constexpr (RING)
+            walk.prime_pre(src, p.post1);
+        else
+            walk.prime(src);
+    }
     if (fl) {
         pdl_go();
         if (threadIdx.x == 0) {
@@ -4813,6 +4858,10 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
             stage_digits<BITS>(p.x + t * p.d, 32, nch, dg + (int64_t)t * nch * DS);
     } else {
         stage_input<BITS, IX, CL>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
+    }
+    if constexpr (RING) {
+        if (early)
+            walk.prime_post(src, p.post1);
     }
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
@@ -4978,18 +5027,29 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     uint32_t *dg = (uint32_t *)(ring + ring_bytes<BITS, R, RING>());
     float *xs = (float *)(dg + (IX ? nch * DS : 0)), *sums = xs + nch * XS;
     if (threadIdx.x == 0) {
-        int id;
         if (RING && p.extras_first && j >= p.n_routed) {   /* an extra slot: its kind is known */
-            id = p.kind0 + j - p.n_routed;
+            const int x = j - p.n_routed;
+            sm = x < p.n_xd ? p.xd[x] : p.table[3 * (p.kind0 + x) + 2];
         } else if (RING && p.r_pack && p.r_flag && j < 4) {
             /* the routes from the flag's word, as phase 1 takes them: this
              * launch may start beside phase 1 (MLXCEL_CUDA_MOE1_SPARE)
-             * before o_proj's last block has routed */
-            id = (int)((unsigned long long)route_word_wait(p.r_flag, __ldcg(p.epoch)) >> (8 * j)) & 255;
+             * before o_proj's last block has routed.  With the experts
+             * one stride apart, the matrix from the parameters (read
+             * before the wait for the word: one round trip, not two) */
+            const mxc_mat b = p.e0[2];
+            const int64_t sw = p.estr[2][0], ss = p.estr[2][1], sb = p.estr[2][2];
+            const int id = (int)((unsigned long long)route_word_wait(p.r_flag, __ldcg(p.epoch)) >> (8 * j)) & 255;
+            if (p.estride & 1) {
+                sm = b;
+                sm.w = (const char *)b.w + id * sw;
+                sm.s = (const char *)b.s + id * ss;
+                sm.b = (const char *)b.b + id * sb;
+            } else {
+                sm = p.table[3 * id + 2];
+            }
         } else {
-            id = __ldcg(p.P + j);
+            sm = p.table[3 * __ldcg(p.P + j) + 2];
         }
-        sm = p.table[3 * id + 2];
     }
     __syncthreads();
     STAMP_AT(5);
@@ -5001,11 +5061,13 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     using Walk = std::conditional_t<RING, mv_ring<BITS, R, moe2_src<BITS, DT, R>>,
                                     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, moe2_src<BITS, DT, R>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
-    walk.prime(src);   /* the first weights in flight while h is staged */
-    if constexpr (RING) {
+    if constexpr (RING) {   /* the first weights in flight while h is staged */
+        walk.prime_pre(src, p.post);
         pdl_wait();
         if (p.early)
             pdl_trigger();
+    } else {
+        walk.prime(src);
     }
     if constexpr (IX) {
         if (nch * 4 <= 3 * THREADS && p.h_all)
@@ -5015,6 +5077,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     } else {
         stage_x(p.h + p.off[j], nch, xs, sums);
     }
+    if constexpr (RING)
+        walk.prime_post(src, p.post);
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();

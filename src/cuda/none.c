@@ -6,6 +6,7 @@
 
 long mx_cuda_routed_launches(void) { return 0; }
 long mx_cuda_rp_launches(void) { return 0; }
+long mx_cuda_estride_launches(void) { return 0; }
 int mx_cuda_wgmma_active(void) { return 0; }
 
 int mx_cuda_built(void) { return 0; }
