@@ -1002,22 +1002,6 @@ int main(void)
             kjv_same_bits(dir, "MLXCEL_CUDA_ESTRIDE", "the experts' matrices from one stride");
             CHECKF(mx_cuda_estride_launches() > before, "kjv-moe: no expert sum took its matrices from one stride");
         }
-        /* the ring items asked for after the staging instead of before
-         * the wait: one of them, and all (the counts are clamped) */
-        kjv_same_bits(dir, "MLXCEL_CUDA_QKV_POST", "q/k/v asking for one ring item after its staging");
-        kjv_same_bits(dir, "MLXCEL_CUDA_MOE1_POST", "phase 1 asking for one ring item after its staging");
-        kjv_same_bits(dir, "MLXCEL_CUDA_MOE2_POST", "phase 2 asking for one ring item after its staging");
-        kjv_same_bits(dir, "MLXCEL_CUDA_HEAD_POST", "lm_head asking for one ring item after its staging");
-        setenv("MLXCEL_CUDA_QKV_POST", "9", 1);
-        setenv("MLXCEL_CUDA_MOE1_POST", "9", 1);
-        setenv("MLXCEL_CUDA_MOE2_POST", "9", 1);
-        setenv("MLXCEL_CUDA_HEAD_POST", "9", 1);
-        gpu_vs_cpu(dir, "kjv-moe", 5, 16, 0, 0);
-        greedy_vs_cpu(dir);
-        unsetenv("MLXCEL_CUDA_QKV_POST");
-        unsetenv("MLXCEL_CUDA_MOE1_POST");
-        unsetenv("MLXCEL_CUDA_MOE2_POST");
-        unsetenv("MLXCEL_CUDA_HEAD_POST");
         kjv_same_bits(dir, "MLXCEL_CUDA_QKV_EARLY", "q/k/v letting the attention launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE2_EARLY", "phase 2 letting q/k/v launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_SHARED_EARLY", "phase 1 starting on o_proj's flags");

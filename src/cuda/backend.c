@@ -157,9 +157,6 @@ typedef struct cu_ctx {
     int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
     int estride;                 /* the routed experts' matrices made from one stride where they are one apart:
                                     bit 1 phase 2, bit 2 phase 1 (MLXCEL_CUDA_ESTRIDE, default 3) */
-    int qkv_post, moe1_post, moe2_post, head_post;   /* ring items asked for after the staging, not before the
-                                                        wait: q/k/v, phase 1, phase 2, lm_head (MLXCEL_CUDA_QKV_POST,
-                                                        _MOE1_POST, _MOE2_POST, _HEAD_POST) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
                                     r_flag (mxc_route; 64 bits, 8-byte aligned) at RP_FLAGS_AT(l) and 2 ints on */
     int rpack;                   /* MLXCEL_CUDA_RPACK: the routes inside r_flag where they fit (mxc_route's r_pack) */
@@ -1063,7 +1060,7 @@ static int attention(call *k, int l, const mxc_norm_in *nin, mx_err *e)
     if (T <= MXC_MV_MAXT) {
         mxc_mv mv = {.n = nm, .m = {c->mats[cl->qi], c->mats[cl->ki], c->mats[cl->vi >= 0 ? cl->vi : cl->ki]},
                      .y = {b->q, b->k, b->v}, .ldy = {a->q.rows, a->kv_dim, a->kv_dim},
-                     .early = T == 1 && c->qkv_early, .post = T == 1 ? c->qkv_post : 0};
+                     .early = T == 1 && c->qkv_early};
         if (nin)
             KL(mxc_matvec_stream(c->st, &mv, NULL, nin, NULL, NULL));
         else
@@ -1317,8 +1314,7 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
     const int64_t d = c->m->d, Kp = cl->Kp, r = t;
     mxc_moe1 p = {.table = c->d_mats + cl->table, .P = P + r * Kp, .W = W + r * Kp, .lo = 0, .hi = cl->Kp,
                   .x = b->xn + r * d, .h = b->H + r * Kp * cl->ff_max, .out = b->ffn + r * d, .d = d,
-                  .act = c->m->act == MX_ACT_GELU_TANH, .early = c->moe2_early, .h_all = c->h_all,
-                  .post = c->moe2_post, .post1 = c->moe1_post};
+                  .act = c->m->act == MX_ACT_GELU_TANH, .early = c->moe2_early, .h_all = c->h_all};
     slot_offsets(cl, p.off);
     if (cl->estride && c->estride) {   /* the routed experts' matrices from their parameters */
         p.estride = c->estride;
@@ -1846,7 +1842,7 @@ static int run_pass_fused(call *k, mx_err *e)
         has = 1;
     }
     const mxc_norm_in fin = {.x = xa, .dl = dl, .has = has, .w = c->fn_w, .b = c->fn_b, .eps = m->eps};
-    mxc_mv mv = {.n = 1, .m = {c->mats[c->head_i]}, .y = {b->logits}, .ldy = {m->vocab}, .post = c->head_post};
+    mxc_mv mv = {.n = 1, .m = {c->mats[c->head_i]}, .y = {b->logits}, .ldy = {m->vocab}};
     KL(mxc_matvec_stream(c->st, &mv, NULL, &fin, NULL, NULL));
     if (m->softcap > 0)
         KL(mxc_softcap(c->st, b->logits, m->vocab, m->softcap));
@@ -2372,14 +2368,6 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         /* measuring: MLXCEL_CUDA_ESTRIDE_ONLY=1 phase 2 alone, =2 phase 1 alone */
         const char *v = getenv("MLXCEL_CUDA_ESTRIDE_ONLY");
         c->estride = mx_env_flag("MLXCEL_CUDA_ESTRIDE", 1) ? (v ? atoi(v) & 3 : 3) : 0;
-        v = getenv("MLXCEL_CUDA_QKV_POST");
-        c->qkv_post = v ? atoi(v) : 0;
-        v = getenv("MLXCEL_CUDA_MOE1_POST");
-        c->moe1_post = v ? atoi(v) : 0;
-        v = getenv("MLXCEL_CUDA_MOE2_POST");
-        c->moe2_post = v ? atoi(v) : 0;
-        v = getenv("MLXCEL_CUDA_HEAD_POST");
-        c->head_post = v ? atoi(v) : 0;
     }
     snprintf(c->name, sizeof c->name, "cuda (%.140s)", info);
     int rc = MX_OK;

@@ -83,10 +83,6 @@ typedef struct mxc_mv {
      * its wait (q/k/v: the attention's blocks are then resident beside
      * it and make their rotation and copy old K/V rows meanwhile) */
     int early;
-    /* the ring kernels: of the items each warp asks for before its wait,
-     * the last `post` only once the input is staged (0: all before the
-     * wait), so that the staging's loads do not queue behind them */
-    int post;
 } mxc_mv;
 int mxc_matvec(cudaStream_t st, const mxc_mv *mv, const float *X, int64_t ldx, int T);
 
@@ -409,7 +405,6 @@ typedef struct mxc_moe1 {
      * launch has ended, and a warp waits for *r_flag at its first routed row */
     const int *h_flag, *r_flag, *epoch;
     int r_pack;                  /* r_flag holds the routes (mxc_route's r_pack) */
-    int post, post1;             /* phase 2, phase 1 through the ring: as mxc_mv's post */
     /* The routed experts' matrices one stride apart (the checkpoints'
      * stacked switch_mlp tensors): expert e's matrix t (0 gate, 1 up, 2
      * down) is e0[t] with its w, s and b moved e * estr[t][0 .. 2] bytes,

@@ -4169,19 +4169,21 @@ struct mv_ring {
         for (int d = 0; d + 1 < G::D; d++)
             load_next(src);
     }
-    /* the same in two parts: all but `post` of them (prime_pre), before
-     * the wait, and the last `post` (prime_post) once the kernel has
-     * staged its input, so that the staging's loads do not queue behind
-     * every primed item of the SM (the ring's state after both is
-     * prime's) */
-    __device__ __forceinline__ void prime_pre(Src &src, int post)
+    /* the same in two parts: all but the last P (prime_pre) before the
+     * wait, those P (prime_post) once the kernel has staged its input
+     * (the ring's state after both is prime's) */
+    template <int P>
+    __device__ __forceinline__ void prime_pre(Src &src)
     {
-        for (int d = min(max(post, 0), G::D - 1); d + 1 < G::D; d++)
+#pragma unroll
+        for (int d = P < G::D - 1 ? P : G::D - 1; d + 1 < G::D; d++)
             load_next(src);
     }
-    __device__ __forceinline__ void prime_post(Src &src, int post)
+    template <int P>
+    __device__ __forceinline__ void prime_post(Src &src)
     {
-        for (int d = 0; d < min(max(post, 0), G::D - 1); d++)
+#pragma unroll
+        for (int d = 0; d < (P < G::D - 1 ? P : G::D - 1); d++)
             load_next(src);
     }
     template <int DT, bool IX>
@@ -4374,16 +4376,11 @@ __device__ __forceinline__ void mvs_blocks(const mxc_mv &mv, const float *x, int
     using Walk = std::conditional_t<RING, mv_ring<BITS, R, mv_src<BITS, DT, R>>,
                                     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, mv_src<BITS, DT, R>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
-    if constexpr (RING)   /* weights only: nothing an earlier kernel writes */
-        walk.prime_pre(src, mv.post);
-    else
-        walk.prime(src);
+    walk.prime(src);   /* weights only: nothing an earlier kernel writes */
     pdl_wait();
     if (mv.early)
         pdl_trigger();
     stage_input<BITS, IX, CL>(x, nin, has_nin, nch, xs, sums, dg);
-    if constexpr (RING)
-        walk.prime_post(src, mv.post);
     STAMP_AT(5);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
@@ -4783,6 +4780,15 @@ struct moe1_src {
     }
 };
 
+/* Of phase 1's first ring items (asked for before it waits for o_proj's
+ * rows), the last MXC_MOE1_POST are asked for once it has staged the FFN
+ * norm instead, so that the staging's loads queue behind fewer of them:
+ * 1 of 2 measured 835.5-836.2 tok/s against 830.5-831.2 with none
+ * (docs/cuda.md, session 22; a runtime count instead cost every kernel
+ * that took it more than it gained). */
+#ifndef MXC_MOE1_POST
+#define MXC_MOE1_POST 1
+#endif
 template <int BITS, int DT, bool IX, bool MT = false, bool RING = false, int CL = 1, bool PK = false>
 __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mxc_moe1 p, int64_t G)
 {
@@ -4827,7 +4833,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         early = early || (g + shift < G && ring_geom<BITS, 4>::D - 1 <= ((nch + 31) >> 5));
     if (early) {
         if constexpr (RING)
-            walk.prime_pre(src, p.post1);
+            walk.template prime_pre<MXC_MOE1_POST>(src);
         else
             walk.prime(src);
     }
@@ -4861,7 +4867,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
     }
     if constexpr (RING) {
         if (early)
-            walk.prime_post(src, p.post1);
+            walk.template prime_post<MXC_MOE1_POST>(src);
     }
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
@@ -5061,13 +5067,11 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     using Walk = std::conditional_t<RING, mv_ring<BITS, R, moe2_src<BITS, DT, R>>,
                                     mv_walk<BITS, R, mv_depth<BITS, R, IX>::v, moe2_src<BITS, DT, R>>>;
     Walk walk = make_walk<Walk, RING>(g, gstride, G, nch, lane, ring + (RING ? warp * ring_bytes<BITS, R, RING>() / WARPS : 0));
-    if constexpr (RING) {   /* the first weights in flight while h is staged */
-        walk.prime_pre(src, p.post);
+    walk.prime(src);   /* the first weights in flight while h is staged */
+    if constexpr (RING) {
         pdl_wait();
         if (p.early)
             pdl_trigger();
-    } else {
-        walk.prime(src);
     }
     if constexpr (IX) {
         if (nch * 4 <= 3 * THREADS && p.h_all)
@@ -5077,8 +5081,6 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
     } else {
         stage_x(p.h + p.off[j], nch, xs, sums);
     }
-    if constexpr (RING)
-        walk.prime_post(src, p.post);
     STAMP_AT(6);
     walk.template run<DT, IX>(src, g, xs, sums, dg);
     pdl_trigger();
