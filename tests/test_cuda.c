@@ -1003,6 +1003,9 @@ int main(void)
             CHECKF(mx_cuda_estride_launches() > before, "kjv-moe: no expert sum took its matrices from one stride");
         }
         kjv_same_bits(dir, "MLXCEL_CUDA_QKV_EARLY", "q/k/v letting the attention launch after its wait");
+        kjv_same_bits(dir, "MLXCEL_CUDA_ATT_KV", "the attention asking for its kv head's rows beside its q head's");
+        kjv_same_bits(dir, "MLXCEL_CUDA_ATT_COMB1", "the attention combining its splits in one round trip");
+        kjv_same_bits(dir, "MLXCEL_CUDA_ATT_EARLY", "the attention letting o_proj launch once its heads are made");
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE2_EARLY", "phase 2 letting q/k/v launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_SHARED_EARLY", "phase 1 starting on o_proj's flags");
         kjv_same_bits(dir, "MLXCEL_CUDA_RPACK", "the routes inside o_proj's flag");

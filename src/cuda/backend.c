@@ -2242,6 +2242,8 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
     mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
     mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
+    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 0), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
+                     mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     int idx, rc = add_mat(&c, l, "linear", &idx, e);
     const size_t nx = (size_t)T * (size_t)l->cols, ny = (size_t)T * (size_t)l->rows;
@@ -2338,6 +2340,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
     mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
     mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
+    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 0), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
+                     mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     {
         const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE");

@@ -220,6 +220,12 @@ void mxc_set_ring(int on);
  * earlier steps wrote into shared memory before it waits for q/k/v (on
  * unless MLXCEL_CUDA_ATT_PRE=0). */
 void mxc_set_att_pre(int on);
+/* One token's attention: its kv head's raw rows asked for beside its q
+ * head's (MLXCEL_CUDA_ATT_KV, on by default), up to 8 splits combined in
+ * one round trip (MLXCEL_CUDA_ATT_COMB1, on), its successor launched once
+ * the heads are made instead of after the splits (MLXCEL_CUDA_ATT_EARLY,
+ * off). */
+void mxc_set_att_opts(int kv, int comb1, int early);
 
 /* One token's q/k/v and lm_head (n), phase 1 (moe) stage their input
  * norm in clusters of 2 blocks (n, moe = 2), each block reading half of
@@ -279,6 +285,7 @@ typedef struct mxc_att {
     int max_z;                   /* with cnt: at most this many blocks a head, each looping over splits (0: about two blocks an SM in all) */
     int fuse;                    /* T = 1: the blocks do qkv's work themselves (no mxc_qkv_post launch) */
     int pre;                     /* set by mxc_attend: one token's first split's old K/V rows copied before the wait */
+    int kv, comb1, early;        /* set by mxc_attend (mxc_set_att_opts) */
     int tile;                    /* T > 1: query tiles over key tiles (one launch, part unused) */
     int hpos;                    /* T = 1 outside a graph: the position (blocks only for the splits in use); else -1 */
     struct mxc_att_fit *fit;     /* host: a step being captured records its one-token launch here */

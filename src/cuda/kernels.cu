@@ -68,6 +68,16 @@ static int g_att_pre = 1;
 
 extern "C" void mxc_set_att_pre(int on) { g_att_pre = on; }
 
+/* one token's attention: the kv head's rows asked for beside the q
+ * head's (kv), the combining of up to 8 splits in one round trip
+ * (comb1), the successor's launch once the heads are made (early) */
+static int g_att_kv = 1, g_att_comb1 = 1, g_att_early = 0;
+
+extern "C" void mxc_set_att_opts(int kv, int comb1, int early)
+{
+    g_att_kv = kv, g_att_comb1 = comb1, g_att_early = early;
+}
+
 /* one token's q/k/v and lm_head (g_cluster), phase 1 (g_cluster_moe)
  * stage their input norm in clusters of 2 blocks, each reading half
  * (MLXCEL_CUDA_CLUSTER, MLXCEL_CUDA_CLUSTER_MOE; 0: every block reads the
@@ -2346,15 +2356,20 @@ __device__ __forceinline__ void rot_make(const mxc_qkv &p, int pos, float2 *rot)
 }
 
 /* rot: one token's (T = 1) rotation made by rot_make for position pos, or
- * NULL (then pos is read and the rotation computed here). */
+ * NULL (then pos is read and the rotation computed here).  A kv head's
+ * raw k and v rows from shared memory where kv_in is not NULL (k_attend
+ * copied them there; not with full-width q/k norms, which read the whole
+ * row), and its results also into kv_out[0 .. hd) (k) and
+ * kv_out[kv_gap ..) (v) where kv_out is not NULL. */
 __device__ __forceinline__ void qkv_head_body(const mxc_qkv &p, int t, int h, float *hv, float *qdst, int pos_in,
-                                              const float2 *rot)
+                                              const float2 *rot, const float *kv_in = nullptr,
+                                              float *kv_out = nullptr, int kv_gap = 0)
 {
     const int hd = p.hd;
     const int isq = h < p.nh, g = isq ? h : h - p.nh;
     const int64_t kvd = (int64_t)p.nkv * hd;
     const float *row = isq ? p.q + t * p.q_rows : p.k + t * kvd;
-    const float *src = row + (int64_t)g * (isq && p.q_gate ? 2 * hd : hd);
+    const float *src = !isq && kv_in ? kv_in : row + (int64_t)g * (isq && p.q_gate ? 2 * hd : hd);
     const float c = p.clip;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         const float v = src[i];
@@ -2407,11 +2422,13 @@ __device__ __forceinline__ void qkv_head_body(const mxc_qkv &p, int t, int h, fl
             }
         }
         dst[i] = o;
+        if (!isq && kv_out)
+            kv_out[i] = o;
     }
     if (isq)
         return;
     /* v: clipped, optionally normed without a weight */
-    const float *vs = p.v + t * kvd + (int64_t)g * hd;
+    const float *vs = kv_in ? kv_in + MXC_HD_MAX : p.v + t * kvd + (int64_t)g * hd;
     float *vd = p.vc + ((int64_t)g * p.n_ctx + pos) * hd;
     float r = 1.0f;
     if (p.v_norm) {
@@ -2426,6 +2443,8 @@ __device__ __forceinline__ void qkv_head_body(const mxc_qkv &p, int t, int h, fl
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         const float v = c > 0 ? fminf(fmaxf(vs[i], -c), c) : vs[i];
         vd[i] = p.v_norm ? v * r : v;
+        if (kv_out)
+            kv_out[kv_gap + i] = p.v_norm ? v * r : v;
     }
 }
 
@@ -2668,6 +2687,43 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
         return;
     STAMP_AT(7);
     __threadfence();
+    constexpr int NS = 8;
+    if (a.comb1 && s1 - s0 < NS) {
+        /* up to NS splits: every partial's max, sum and value asked for
+         * at once (one round trip, not one for the maxima and another for
+         * the rest); the same arithmetic in the same order as below */
+        const float *ps = base + s0 * (hd + 2);
+        const int n = s1 - s0 + 1;
+        float mv[NS];
+#pragma unroll
+        for (int s = 0; s < NS; s++)
+            mv[s] = s < n ? __ldcg(ps + s * (hd + 2) + hd) : -INFINITY;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            float lv[NS], ov[NS];
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+                lv[s] = s < n ? __ldcg(ps + s * (hd + 2) + hd + 1) : 0.0f;
+                ov[s] = s < n ? __ldcg(ps + s * (hd + 2) + i) : 0.0f;
+            }
+            float M = -INFINITY;
+#pragma unroll
+            for (int s = 0; s < NS; s++)
+                M = s < n ? fmaxf(M, mv[s]) : M;
+            float L = 0.0f, o = 0.0f;
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+                if (s >= n || mv[s] == -INFINITY)
+                    continue;
+                const float f = expf(mv[s] - M);
+                L += lv[s] * f;
+                o += ov[s] * f;
+            }
+            a.out[((int64_t)t * a.nh + h) * hd + i] = o / L;
+        }
+        if (threadIdx.x == 0)
+            a.cnt[h] = 0;
+        return;
+    }
     float M = -INFINITY;
     for (int s = s0; s <= s1; s++)
         M = fmaxf(M, __ldcg(base + s * (hd + 2) + hd));
@@ -2743,7 +2799,30 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
         if constexpr (FUSE)
             rot_make(a.qkv, pos, rot);
         pdl_wait();
-        if (npre)
+        /* The block holding pos (its last split) makes its kv head's k and
+         * v: their raw rows asked for now, beside the q head's below, not
+         * one round trip after another; and with pos in its first split
+         * right after the copied rows, the made row goes into the copy
+         * too, so the split reads no row of this step from memory */
+        /* (a block of one split only: red is free until that split's
+         * weighted values, attend_split) */
+        float *kvraw = red;
+        const bool kvb = FUSE && a.kv && first == s1 && a.qkv.qk_norm != 2;
+        const int kvh = h / (a.nh / a.nkv);
+        const bool kvpre = kvb && npre && first == s1 && pos - lo0 == npre && npre < MXC_ATT_SPAN_DECODE;
+        if (kvb) {
+            const int h4 = hd / 4;
+            const int64_t off = (int64_t)t * a.nkv * hd + (int64_t)kvh * hd;
+            const unsigned sr = (unsigned)__cvta_generic_to_shared(kvraw);
+            for (int i = tid; i < h4; i += blockDim.x) {
+                cp_async16s(sr + 16u * (unsigned)i, a.qkv.k + off + 4 * i);
+                cp_async16s(sr + 16u * (unsigned)(MXC_HD_MAX / 4 + i), a.qkv.v + off + 4 * i);
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        if (npre && kvb)   /* the copied rows; the k and v rows still in flight */
+            asm volatile("cp.async.wait_group %0;" ::"n"(1) : "memory");
+        else if (npre)
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();   /* the rows and the rotation, to every thread */
         __shared__ float hv[MXC_HD_MAX];
@@ -2752,17 +2831,23 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
          * under the step's load: docs/cuda.md, session 17) */
         if constexpr (FUSE)
             qkv_head_body(a.qkv, t, h, hv, (float *)qs, pos, rot);
+        if (kvb)
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
         STAMP_AT(5);
+        if (a.early)
+            pdl_trigger();
         for (int sj = first; sj <= s1; sj += Z) {
             if constexpr (FUSE) {
                 if (pos >= sj * span && pos < sj * span + span) {
-                    __syncthreads();
-                    qkv_head_body(a.qkv, t, a.nh + h / (a.nh / a.nkv), hv, nullptr, pos, rot);
+                    __syncthreads();   /* (and kvraw, to every thread) */
+                    const int h4 = hd / 4;
+                    qkv_head_body(a.qkv, t, a.nh + kvh, hv, nullptr, pos, rot, kvb ? kvraw : nullptr,
+                                  kvpre ? (float *)(kv_pre + npre * h4) : nullptr, MXC_ATT_SPAN_DECODE * hd);
                 }
             }
             float *pj = a.part + (((int64_t)t * a.nh + h) * a.n_split + sj) * (hd + 2);
             attend_split(a, h, t, max(sj * span, start), min(pos, sj * span + span - 1), pj, qs, sc, red,
-                         sj == first ? kv_pre : nullptr, sj == first ? npre : 0);
+                         sj == first ? kv_pre : nullptr, sj == first ? npre + (kvpre ? 1 : 0) : 0);
             __syncthreads();   /* sc and red are the next split's */
         }
         STAMP_AT(6);
@@ -3107,6 +3192,7 @@ int mxc_attend(cudaStream_t st, const mxc_att *a)
     /* one token, heads up to ATT_PRE_HD: the first split's old rows copied
      * before the wait (k_attend) */
     b.pre = a->cnt && g_att_pre && a->hd <= ATT_PRE_HD && a->hd % 4 == 0;
+    b.kv = g_att_kv, b.comb1 = g_att_comb1, b.early = g_att_early;
     const size_t smem = b.pre ? (size_t)2 * MXC_ATT_SPAN_DECODE * ATT_PRE_HD * sizeof(float) : 0;
     static int lifted;
     if (smem && !lifted) {
