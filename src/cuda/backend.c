@@ -2242,7 +2242,7 @@ int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
     mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
     mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
-    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 0), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
+    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 1), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
                      mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     int idx, rc = add_mat(&c, l, "linear", &idx, e);
@@ -2340,7 +2340,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
     mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
     mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
-    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 0), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
+    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 1), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
                      mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
     {

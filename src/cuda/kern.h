@@ -222,9 +222,9 @@ void mxc_set_ring(int on);
 void mxc_set_att_pre(int on);
 /* One token's attention: its kv head's raw rows asked for beside its q
  * head's (MLXCEL_CUDA_ATT_KV, on by default), up to 8 splits combined in
- * one round trip (MLXCEL_CUDA_ATT_COMB1, on), its successor launched once
- * the heads are made instead of after the splits (MLXCEL_CUDA_ATT_EARLY,
- * off). */
+ * one round trip (MLXCEL_CUDA_ATT_COMB1, off: it shortens the combining
+ * tail that covers o_proj's start), its successor launched once the heads
+ * are made instead of after the splits (MLXCEL_CUDA_ATT_EARLY, off). */
 void mxc_set_att_opts(int kv, int comb1, int early);
 
 /* One token's q/k/v and lm_head (n), phase 1 (moe) stage their input
