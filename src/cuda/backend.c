@@ -2235,16 +2235,23 @@ int mx_cuda_probe(char *info, size_t cap)
     return 1;
 }
 
-int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *e)
+/* The kernels' switches read from the environment (kernels.cu keeps
+ * them): where a model is attached and where a test's linear runs. */
+static void kernel_switches(void)
 {
-    cu_ctx c = {.mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1)};
-    float *dx = NULL, *dy = NULL;
     mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
     mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
     mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
     mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 1), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
                      mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0));
     mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
+}
+
+int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *e)
+{
+    cu_ctx c = {.mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1)};
+    float *dx = NULL, *dy = NULL;
+    kernel_switches();
     int idx, rc = add_mat(&c, l, "linear", &idx, e);
     const size_t nx = (size_t)T * (size_t)l->cols, ny = (size_t)T * (size_t)l->rows;
     cudaError_t ce = cudaSuccess;
@@ -2337,12 +2344,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->graphable = 1;
     c->mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1);
     mxc_set_qkv_warp(mx_env_flag("MLXCEL_CUDA_QKV_WARP", 1));
-    mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
-    mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
-    mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
-    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 1), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
-                     mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0));
-    mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
+    kernel_switches();
     {
         const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE");
         mxc_set_cluster(v ? atoi(v) : 2, vm ? atoi(vm) : 2);

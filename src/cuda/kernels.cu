@@ -71,7 +71,7 @@ extern "C" void mxc_set_att_pre(int on) { g_att_pre = on; }
 /* one token's attention: the kv head's rows asked for beside the q
  * head's (kv), the combining of up to 8 splits in one round trip
  * (comb1), the successor's launch once the heads are made (early) */
-static int g_att_kv = 1, g_att_comb1 = 1, g_att_early = 0;
+static int g_att_kv = 1, g_att_comb1 = 0, g_att_early = 0;
 
 extern "C" void mxc_set_att_opts(int kv, int comb1, int early)
 {
