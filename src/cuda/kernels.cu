@@ -4534,7 +4534,7 @@ struct rp_row {
     uint32_t w[RP_WORDS];
     float s, b;
     float x, nw;   /* warp 0, lane c < WARPS x R: the residual and the norm's weight at row c */
-    int ep;        /* thread 0, with rt.h_flag: the step's count for the flags */
+    int ep;        /* warp 0, with rt.h_flag: the step's count for the flags */
 };
 
 template <int R>
@@ -4545,7 +4545,7 @@ __device__ __forceinline__ void rp_load(const mxc_rpart &rp, const mxc_route &rt
     const int64_t c0 = (int64_t)blockIdx.x * span;
     /* the embedding's count (complete: launches back), here rather than
      * where the last block raises its flags: a round trip less there */
-    k.ep = e == 0 && rt.h_flag ? __ldcg(rt.epoch) : 0;
+    k.ep = e < 32 && rt.h_flag ? __ldcg(rt.epoch) : 0;
     /* x: q/k/v's block 0 wrote it two launches back (complete) */
     if (e < span && c0 + e < rp.rows) {
         k.x = __ldcg(rp.x + c0 + e);
@@ -4688,13 +4688,15 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
         return;
     __threadfence();
     /* every block's rows of the residual are in: phase 1 may stage its norm
-     * (rt.h_late, measuring: once the logits are made) */
-    const int ep = k.ep;   /* thread 0's, the one that raises the flags */
-    if (rt.h_flag && !rt.h_late && threadIdx.x == 0)
-        flag_set(rt.h_flag, ep);
+     * (rt.h_late, measuring: once the logits are made); lane i of warp 0
+     * raises copy i of each flag */
+    const int ep = k.ep;   /* warp 0's, the one that raises the flags */
+    const bool fw = threadIdx.x <= rt.flag_mask;
+    if (rt.h_flag && !rt.h_late && fw)
+        flag_set(rt.h_flag + threadIdx.x * MXC_FLAG_LINE, ep);
     rp_logits(rp, nblk, part, lg);
-    if (rt.h_flag && rt.h_late && threadIdx.x == 0)
-        flag_set(rt.h_flag, ep);
+    if (rt.h_flag && rt.h_late && fw)
+        flag_set(rt.h_flag + threadIdx.x * MXC_FLAG_LINE, ep);
     STAMP_AT(7);
     uint32_t pk = 0;
     if (warp == 0)   /* the router's rows first, then the gate's */
@@ -4704,15 +4706,16 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     if (rt.r_flag && rt.r_pack) {
         /* the routes inside the flag: one relaxed 64-bit store, nothing
          * to order before it (phase 2 reads P and W after this launch) */
-        if (threadIdx.x == 0) {
+        if (fw) {
             const unsigned long long v = (unsigned long long)(unsigned)ep << 32 | pk;
-            asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(rt.r_flag), "l"(v) : "memory");
+            asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(rt.r_flag + threadIdx.x * MXC_FLAG_LINE), "l"(v)
+                         : "memory");
         }
     } else if (rt.r_flag) {   /* the routes (warp 0's stores) for phase 1's routed rows */
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (fw) {
             __threadfence();
-            flag_set(rt.r_flag, ep);
+            flag_set(rt.r_flag + threadIdx.x * MXC_FLAG_LINE, ep);
         }
     }
 }
@@ -4766,6 +4769,11 @@ struct moe1_src {
     int ep, rw;     /* p.r_flag: the step's count; rw: this warp's sm has no routed slot yet */
     __device__ moe1_src(mxc_mat *s, const mxc_moe1 &q, int sh = 0, int g = 0, int e = 0, bool w = false)
         : p(q), sm(s), lj(q.lo), lr(0), shift(sh), G(g), ep(e), rw(w) {}
+    /* this warp's copy of r_flag (mxc_moe1's flag_mask) */
+    __device__ __forceinline__ int flag_copy(void) const
+    {
+        return (int)((blockIdx.x * WARPS + (threadIdx.x >> 5)) & (unsigned)p.flag_mask) * MXC_FLAG_LINE;
+    }
     /* The routes, once o_proj's last block has them: the routed slots'
      * gate and up matrices into this warp's own sm (lane-parallel 8-byte
      * words; the other warps of the block may still be on extra slots). */
@@ -4793,7 +4801,7 @@ struct moe1_src {
             }
             uint32_t ids = 0;
             if (lane == 0) {
-                ids = route_word_wait(p.r_flag, ep);
+                ids = route_word_wait(p.r_flag + flag_copy(), ep);
             }
             ids = __shfl_sync(0xffffffffu, ids, 0);
 #pragma unroll
@@ -4807,7 +4815,7 @@ struct moe1_src {
             }
         } else {
             if (lane == 0)
-                flag_wait_for(p.r_flag, ep);
+                flag_wait_for(p.r_flag + flag_copy(), ep);
             __syncwarp();
             for (int i = lane; i < n; i += 32) {
                 const int m = i / NW;
@@ -4927,7 +4935,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         pdl_go();
         if (threadIdx.x == 0) {
             STAMP_AT(1);
-            flag_wait_for(p.h_flag, ep);
+            flag_wait_for(p.h_flag + (blockIdx.x & (unsigned)p.flag_mask) * MXC_FLAG_LINE, ep);
             STAMP_AT(2);
         }
         __syncthreads();
@@ -5130,7 +5138,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
              * before the wait for the word: one round trip, not two) */
             const mxc_mat b = p.e0[2];
             const int64_t sw = p.estr[2][0], ss = p.estr[2][1], sb = p.estr[2][2];
-            const int id = (int)((unsigned long long)route_word_wait(p.r_flag, __ldcg(p.epoch)) >> (8 * j)) & 255;
+            const int id = (int)((unsigned long long)route_word_wait(p.r_flag + (blockIdx.x & (unsigned)p.flag_mask) * MXC_FLAG_LINE, __ldcg(p.epoch)) >> (8 * j)) & 255;
             if (p.estride & 1) {
                 sm = b;
                 sm.w = (const char *)b.w + id * sw;
