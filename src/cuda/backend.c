@@ -2403,6 +2403,9 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = cudaEventCreateWithFlags(&c->ev_lists, cudaEventDisableTiming);
     if (ce == cudaSuccess) {   /* __constant__s of the kernels: after the device is set */
         mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
+        mxc_set_moe1_go(mx_env_flag("MLXCEL_CUDA_MOE1_GO", 0));
+        const char *v = getenv("MLXCEL_CUDA_SPIN_NS");   /* measuring */
+        mxc_set_spin_ns(v ? (unsigned)atoi(v) : 64u);
     }
     if (ce != cudaSuccess) {
         rc = cu_fail(e, ce, "starting GPU 0");

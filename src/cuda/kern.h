@@ -183,6 +183,8 @@ void mxc_set_pdl(int on);
  * successor's launch after their main work (on unless
  * MLXCEL_CUDA_PDL_TRIGGER=0; off: when their last block exits). */
 void mxc_set_pdl_trigger(int on);
+void mxc_set_moe1_go(int on);
+void mxc_set_spin_ns(unsigned ns);
 
 /* Phase stamps of the one-token kernels, in a build with -DMXC_STAMPS
  * (kernels.cu): each block's start, wait, wait's return, trigger and exit

@@ -252,6 +252,18 @@ extern "C" void mxc_set_pdl_trigger(int on)
     cudaMemcpyToSymbol(c_pdl_trigger, &on, sizeof on);
 }
 
+/* One token's phase 1 on o_proj's flags lets phase 2 launch at its start
+ * (its blocks then take the slots phase 1 leaves spare and ask for their
+ * first weights beside it; MLXCEL_CUDA_MOE1_GO, measuring).  pdl_go is
+ * empty unless MXC_PDL_EARLY, so before session 23 phase 2 launched only
+ * once phase 1's blocks reached their end. */
+__constant__ int c_moe1_go = 0;
+
+extern "C" void mxc_set_moe1_go(int on)
+{
+    cudaMemcpyToSymbol(c_moe1_go, &on, sizeof on);
+}
+
 __device__ __forceinline__ void pdl_trigger(void)
 {
     STAMP_AT(3);
@@ -4360,6 +4372,14 @@ struct mv_depth {
  * for by relaxed loads and one fence after it is seen (a load-acquire in
  * the loop invalidates the SM's L1 at every try, which the other warps of
  * the SM pay for: ncu had it at 40 % of the stall samples). */
+/* ns a flag's waiter sleeps between its loads (MLXCEL_CUDA_SPIN_NS, measuring) */
+__constant__ unsigned c_spin_ns = 64;
+
+extern "C" void mxc_set_spin_ns(unsigned ns)
+{
+    cudaMemcpyToSymbol(c_spin_ns, &ns, sizeof ns);
+}
+
 __device__ __forceinline__ void flag_set(int *f, int v)
 {
     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
@@ -4376,7 +4396,7 @@ __device__ __forceinline__ void flag_wait_for(const int *f, int v)
         asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(u) : "l"(f) : "memory");
         if (u == v)
             break;
-        __nanosleep(64);
+        __nanosleep(c_spin_ns);
     }
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
@@ -4392,7 +4412,7 @@ __device__ __forceinline__ uint32_t route_word_wait(const int *r_flag, int ep)
         asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(r_flag) : "memory");
         if ((int)(v >> 32) == ep)
             break;
-        __nanosleep(64);
+        __nanosleep(c_spin_ns);
     }
     return (uint32_t)v;
 }
@@ -4932,7 +4952,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
             walk.prime(src);
     }
     if (fl) {
-        pdl_go();
+        if (c_moe1_go)
+            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
         if (threadIdx.x == 0) {
             STAMP_AT(1);
             flag_wait_for(p.h_flag + (blockIdx.x & (unsigned)p.flag_mask) * MXC_FLAG_LINE, ep);
