@@ -1009,6 +1009,8 @@ int main(void)
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE2_EARLY", "phase 2 letting q/k/v launch after its wait");
         kjv_same_bits(dir, "MLXCEL_CUDA_SHARED_EARLY", "phase 1 starting on o_proj's flags");
         kjv_same_bits(dir, "MLXCEL_CUDA_RPACK", "the routes inside o_proj's flag");
+        kjv_same_bits(dir, "MLXCEL_CUDA_MOE1_GO", "phase 1 letting phase 2 launch at its start");
+        kjv_same_bits(dir, "MLXCEL_CUDA_ROUTE_RANK", "o_proj's last block routing by ranks");
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
     }

@@ -118,6 +118,16 @@ typedef struct cu_seq {
     mxc_att_fit fit[2], gfit[2]; /* their one-token attention launches, fitted to the position (mxc_att_fit_pos) */
 } cu_seq;
 
+/* The switches the kernels' module keeps for the process (kernel_switches,
+ * switches_use) */
+typedef struct kswitch {
+    int idot, ring, att_pre, att_kv, att_comb1, att_early, wgmma, qkv_warp, cluster, cluster_moe, pdl, pdl_trigger,
+        moe1_go, route_rank;
+    unsigned spin_ns;
+} kswitch;
+
+static void switches_use(const kswitch *k);
+
 typedef struct cu_ctx {
     mx_backend be;               /* what the model calls (name: "cuda (<GPU>)") */
     mx_model *m;
@@ -157,6 +167,7 @@ typedef struct cu_ctx {
     int hflag_late;              /* measuring: o_proj's h_flag after its logits (MLXCEL_CUDA_HFLAG_LATE) */
     int estride;                 /* the routed experts' matrices made from one stride where they are one apart:
                                     bit 1 phase 2, bit 2 phase 1 (MLXCEL_CUDA_ESTRIDE, default 3) */
+    kswitch ks;                  /* this model's, put in place at each call (switches_use) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
                                     r_flag (mxc_route; 64 bits, 8-byte aligned) at RP_FLAGS_AT(l) and 2 ints on */
     int flag_copies;             /* of o_proj's flags, 1 .. MXC_FLAG_COPIES, a power of 2 (MLXCEL_CUDA_FLAG_COPIES) */
@@ -1982,6 +1993,7 @@ static int cu_forward(void *ctx, mx_seq *s, const int32_t *tokens, int n, float 
 {
     cu_ctx *c = ctx;
     const mx_model *m = c->m;
+    switches_use(&c->ks);
     cu_seq *q = seq_state(c, s, e);
     if (!q)
         return e->code;
@@ -2040,6 +2052,7 @@ static int cu_greedy(void *ctx, mx_seq *s, int32_t first, int n, int32_t *ids, m
     cu_ctx *c = ctx;
     if (!c->graphable || !mx_env_flag("MLXCEL_CUDA_GRAPH", 1) || !mx_env_flag("MLXCEL_CUDA_GREEDY", 1))
         return -1;
+    switches_use(&c->ks);
     cu_seq *q = seq_state(c, s, e);
     if (!q)
         return e->code;
@@ -2107,6 +2120,7 @@ static int cu_forward_batch(void *ctx, mx_seq *const *seqs, const int32_t *token
     const mx_model *m = c->m;
     if (n == 1)
         return cu_forward(ctx, seqs[0], tokens, 1, logits, NULL, e);
+    switches_use(&c->ks);
     cu_seq **qs = calloc((size_t)n, sizeof *qs);
     int *pos = malloc(sizeof *pos * (size_t)n);
     int rc = MX_OK, last = 0;
@@ -2240,23 +2254,65 @@ int mx_cuda_probe(char *info, size_t cap)
     return 1;
 }
 
-/* The kernels' switches read from the environment (kernels.cu keeps
- * them): where a model is attached and where a test's linear runs. */
-static void kernel_switches(void)
+/* The kernels' switches read from the environment, where a model is
+ * attached (each model keeps its own: cu_ctx's ks) and where a test's
+ * linear runs. */
+static kswitch kernel_switches(void)
 {
-    mxc_set_idot(mx_env_flag("MLXCEL_CUDA_IDOT", 1));
-    mxc_set_ring(mx_env_flag("MLXCEL_CUDA_RING", 1));
-    mxc_set_att_pre(mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1));
-    mxc_set_att_opts(mx_env_flag("MLXCEL_CUDA_ATT_KV", 1), mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
-                     mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0));
-    mxc_set_wgmma(mx_env_flag("MLXCEL_CUDA_WGMMA", 1));
+    const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE"),
+               *sp = getenv("MLXCEL_CUDA_SPIN_NS");   /* measuring */
+    return (kswitch){.idot = mx_env_flag("MLXCEL_CUDA_IDOT", 1),
+                     .ring = mx_env_flag("MLXCEL_CUDA_RING", 1),
+                     .att_pre = mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1),
+                     .att_kv = mx_env_flag("MLXCEL_CUDA_ATT_KV", 1),
+                     .att_comb1 = mx_env_flag("MLXCEL_CUDA_ATT_COMB1", 0),
+                     .att_early = mx_env_flag("MLXCEL_CUDA_ATT_EARLY", 0),
+                     .wgmma = mx_env_flag("MLXCEL_CUDA_WGMMA", 1),
+                     .qkv_warp = mx_env_flag("MLXCEL_CUDA_QKV_WARP", 1),
+                     .cluster = v ? atoi(v) : 2,
+                     .cluster_moe = vm ? atoi(vm) : 2,
+                     .pdl = mx_env_flag("MLXCEL_CUDA_PDL", 1),
+                     .pdl_trigger = mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1),
+                     .moe1_go = mx_env_flag("MLXCEL_CUDA_MOE1_GO", 0),
+                     .route_rank = mx_env_flag("MLXCEL_CUDA_ROUTE_RANK", 0),
+                     .spin_ns = sp ? (unsigned)atoi(sp) : 64u};
+}
+
+/* The kernels' module holds one set of switches (host statics its
+ * launches read, __constant__s its kernels read) for the process: before
+ * each call a model's own are put there, where they differ from the last
+ * ones put (two models attached with different switches: the tests'
+ * pairs), after the device has finished what it was given. */
+static void switches_use(const kswitch *k)
+{
+    static kswitch cur;
+    static int have;
+    if (have && !memcmp(&cur, k, sizeof cur))
+        return;
+    if (have)
+        cudaDeviceSynchronize();
+    mxc_set_idot(k->idot);
+    mxc_set_ring(k->ring);
+    mxc_set_att_pre(k->att_pre);
+    mxc_set_att_opts(k->att_kv, k->att_comb1, k->att_early);
+    mxc_set_wgmma(k->wgmma);
+    mxc_set_qkv_warp(k->qkv_warp);
+    mxc_set_cluster(k->cluster, k->cluster_moe);
+    mxc_set_pdl(k->pdl);
+    mxc_set_pdl_trigger(k->pdl_trigger);
+    mxc_set_moe1_go(k->moe1_go);
+    mxc_set_route_rank(k->route_rank);
+    mxc_set_spin_ns(k->spin_ns);
+    cur = *k;
+    have = 1;
 }
 
 int mx_cuda_linear(const mx_linear *l, const float *X, int T, float *Y, mx_err *e)
 {
     cu_ctx c = {.mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1)};
     float *dx = NULL, *dy = NULL;
-    kernel_switches();
+    const kswitch ks = kernel_switches();
+    switches_use(&ks);
     int idx, rc = add_mat(&c, l, "linear", &idx, e);
     const size_t nx = (size_t)T * (size_t)l->cols, ny = (size_t)T * (size_t)l->rows;
     cudaError_t ce = cudaSuccess;
@@ -2348,12 +2404,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->m = m;
     c->graphable = 1;
     c->mma_on = mx_env_flag("MLXCEL_CUDA_MMA", 1);
-    mxc_set_qkv_warp(mx_env_flag("MLXCEL_CUDA_QKV_WARP", 1));
-    kernel_switches();
-    {
-        const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE");
-        mxc_set_cluster(v ? atoi(v) : 2, vm ? atoi(vm) : 2);
-    }
+    c->ks = kernel_switches();
     c->att_tile = mx_env_flag("MLXCEL_CUDA_ATT_TILE", 1);
     {
         const char *v = getenv("MLXCEL_CUDA_ATT_BLOCKS");
@@ -2365,7 +2416,6 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         const int sp = v ? atoi(v) : 0;
         c->att_span = sp == 64 || sp == 128 || sp == 256 ? sp : 0;   /* 0: mxc_att's span_auto */
     }
-    mxc_set_pdl(mx_env_flag("MLXCEL_CUDA_PDL", 1));
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
     c->rp_on = mx_env_flag("MLXCEL_CUDA_ROUTER_IN_O", 1);
     c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
@@ -2401,12 +2451,8 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = cudaEventCreateWithFlags(&c->ev_extras, cudaEventDisableTiming);
     if (ce == cudaSuccess)
         ce = cudaEventCreateWithFlags(&c->ev_lists, cudaEventDisableTiming);
-    if (ce == cudaSuccess) {   /* __constant__s of the kernels: after the device is set */
-        mxc_set_pdl_trigger(mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1));
-        mxc_set_moe1_go(mx_env_flag("MLXCEL_CUDA_MOE1_GO", 0));
-        const char *v = getenv("MLXCEL_CUDA_SPIN_NS");   /* measuring */
-        mxc_set_spin_ns(v ? (unsigned)atoi(v) : 64u);
-    }
+    if (ce == cudaSuccess)   /* (the __constant__s among them: after the device is set) */
+        switches_use(&c->ks);
     if (ce != cudaSuccess) {
         rc = cu_fail(e, ce, "starting GPU 0");
         goto fail;

@@ -185,6 +185,7 @@ void mxc_set_pdl(int on);
 void mxc_set_pdl_trigger(int on);
 void mxc_set_moe1_go(int on);
 void mxc_set_spin_ns(unsigned ns);
+void mxc_set_route_rank(int on);
 
 /* Phase stamps of the one-token kernels, in a build with -DMXC_STAMPS
  * (kernels.cu): each block's start, wait, wait's return, trigger and exit

@@ -252,11 +252,12 @@ extern "C" void mxc_set_pdl_trigger(int on)
     cudaMemcpyToSymbol(c_pdl_trigger, &on, sizeof on);
 }
 
-/* One token's phase 1 on o_proj's flags lets phase 2 launch at its start
- * (its blocks then take the slots phase 1 leaves spare and ask for their
- * first weights beside it; MLXCEL_CUDA_MOE1_GO, measuring).  pdl_go is
- * empty unless MXC_PDL_EARLY, so before session 23 phase 2 launched only
- * once phase 1's blocks reached their end. */
+/* One token's phase 1 on o_proj's flags, with the routes inside the
+ * flag's word, lets phase 2 launch at its start (its blocks then take the
+ * slots phase 1 leaves spare and ask for their first weights beside it,
+ * their experts from that word; MLXCEL_CUDA_MOE1_GO, measuring).  pdl_go
+ * is empty unless MXC_PDL_EARLY, so before session 23 phase 2 launched
+ * only once phase 1's blocks reached their end. */
 __constant__ int c_moe1_go = 0;
 
 extern "C" void mxc_set_moe1_go(int on)
@@ -3758,6 +3759,101 @@ __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const 
     }
 }
 
+/* route_small's routes for E <= 64 experts and k <= 4, by every thread of
+ * the block (o_proj's last block, rp_finish; MLXCEL_CUDA_ROUTE_RANK):
+ * warps 1 .. 7 take an expert a pair of threads, each pair finding the
+ * largest logit (each thread over half of them), its expert's softmax
+ * numerator and then its rank (how many experts come before it: a larger
+ * numerator, or an equal one at a lower index, as route_small compares
+ * them), while warp 0 adds the numerators up in route_small's order; the
+ * experts of rank < k are route_small's choices in its order, with its
+ * weights bit for bit.  Its chain is three barriers and about E
+ * shared-memory loads a thread instead of route_small's k rounds of
+ * warp-wide arg-max shuffles, which one warp runs while the SM's other
+ * blocks stream (o_proj's routing block took 3.4 us from its logits to
+ * its exit: docs/cuda.md, session 23).  *packed: warp 0's lanes.  A NaN
+ * numerator sends the block to route_small. */
+__device__ __forceinline__ void route_rank(const mxc_route &r, const float *lsm, const float *gsm, uint32_t *packed)
+{
+    __shared__ float ps[64], s_sum, wr[4];
+    __shared__ int pr[4];
+    const int E = r.E, lane = threadIdx.x & 31, t = (int)threadIdx.x - 32, e = t >> 1;
+    const bool own = t >= 0 && e < E && !(t & 1);
+    float p = 0.0f;
+    if (t >= 0) {
+        float mx = -INFINITY;
+        if (e < E)
+            for (int i = t & 1; i < E; i += 2)
+                mx = fmaxf(mx, lsm[i]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        if (e < E)
+            p = expf(lsm[e] - mx);
+        if (own)
+            ps[e] = p;
+    }
+    if (__syncthreads_or(own && p != p)) {
+        if (t < 0)
+            route_small(r, lane, lsm, gsm, packed);
+        return;
+    }
+    int c = 0;
+    if (t < 0) {   /* route_small's sum: lane L's numerators L, L + 32, then the butterfly */
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            if (lane + 32 * q < E)
+                sum += ps[lane + 32 * q];
+        sum = warp_sum(sum);
+        if (lane == 0)
+            s_sum = sum;
+    } else {
+        if (e < E)
+            for (int i = t & 1; i < E; i += 2) {
+                const float pi = ps[i];
+                c += pi > p || (pi == p && i < e);
+            }
+        c += __shfl_xor_sync(0xffffffffu, c, 1);
+    }
+    __syncthreads();
+    if (own && c < r.k) {
+        pr[c] = e;
+        wr[c] = p / s_sum;
+    }
+    __syncthreads();
+    if (t >= 0)
+        return;
+    /* lane j < k: choice j, as route_small's lanes hold them */
+    float wsum = 0.0f;
+    for (int j = 0; j < r.k; j++)
+        wsum += wr[j];
+    const int myp = lane < r.k ? pr[lane] : 0;
+    if (lane < r.k) {
+        float myw = wr[lane];
+        if (r.norm_topk)
+            myw /= wsum;
+        if (r.expert_scale)
+            myw *= r.expert_scale[myp];
+        r.P[lane] = myp;
+        r.W[lane] = myw;
+    }
+    if (packed)
+        *packed = __reduce_or_sync(0xffffffffu, lane < r.k ? (uint32_t)myp << (8 * lane) : 0u);
+    const float gv = !r.glog ? 0.0f : gsm ? *gsm : __ldcg(r.glog);
+    const int K = r.k + r.n_extra;
+    for (int m = r.k + lane; m < K; m += 32) {
+        r.P[m] = E + (m - r.k);
+        r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
+    }
+}
+
+/* o_proj's last block routes by route_rank (MLXCEL_CUDA_ROUTE_RANK, measuring) */
+__constant__ int c_route_rank = 0;
+
+extern "C" void mxc_set_route_rank(int on)
+{
+    cudaMemcpyToSymbol(c_route_rank, &on, sizeof on);
+}
+
 /* One step's data of R rows: each row's chunk words, scale and bias. */
 template <int BITS, int R>
 struct mv_stage {
@@ -4719,8 +4815,11 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
         flag_set(rt.h_flag + threadIdx.x * MXC_FLAG_LINE, ep);
     STAMP_AT(7);
     uint32_t pk = 0;
-    if (warp == 0)   /* the router's rows first, then the gate's */
-        route_small(rt, lane, lg, rt.glog && rt.E < E ? lg + rt.E : nullptr, &pk);
+    const float *gl = rt.glog && rt.E < E ? lg + rt.E : nullptr;   /* the router's rows first, then the gate's */
+    if (c_route_rank && rt.E <= 64 && rt.k >= 1 && rt.k <= 4 && rt.k <= rt.E)
+        route_rank(rt, lg, gl, &pk);
+    else if (warp == 0)
+        route_small(rt, lane, lg, gl, &pk);
     if (threadIdx.x == 0)
         *cnt = 0;
     if (rt.r_flag && rt.r_pack) {
@@ -4952,8 +5051,10 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
             walk.prime(src);
     }
     if (fl) {
-        if (c_moe1_go)
-            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        if constexpr (PK) {   /* (phase 2 takes the routes from the flag's word, not the routes' array) */
+            if (c_moe1_go)
+                asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        }
         if (threadIdx.x == 0) {
             STAMP_AT(1);
             flag_wait_for(p.h_flag + (blockIdx.x & (unsigned)p.flag_mask) * MXC_FLAG_LINE, ep);
