@@ -3771,9 +3771,10 @@ __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const 
  * shared-memory loads a thread instead of route_small's k rounds of
  * warp-wide arg-max shuffles, which one warp runs while the SM's other
  * blocks stream (o_proj's routing block took 3.4 us from its logits to
- * its exit: docs/cuda.md, session 23).  *packed: warp 0's lanes.  A NaN
- * numerator sends the block to route_small. */
-__device__ __forceinline__ void route_rank(const mxc_route &r, const float *lsm, const float *gsm, uint32_t *packed)
+ * its exit: docs/cuda.md, session 23).  *packed: warp 0's lanes.  0
+ * where a numerator is NaN: the block then routes by route_small (the
+ * caller's, so that its code is there once). */
+__device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm, const float *gsm, uint32_t *packed)
 {
     __shared__ float ps[64], s_sum, wr[4];
     __shared__ int pr[4];
@@ -3782,20 +3783,19 @@ __device__ __forceinline__ void route_rank(const mxc_route &r, const float *lsm,
     float p = 0.0f;
     if (t >= 0) {
         float mx = -INFINITY;
-        if (e < E)
+        if (e < E) {
+#pragma unroll 1
             for (int i = t & 1; i < E; i += 2)
                 mx = fmaxf(mx, lsm[i]);
+        }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         if (e < E)
             p = expf(lsm[e] - mx);
         if (own)
             ps[e] = p;
     }
-    if (__syncthreads_or(own && p != p)) {
-        if (t < 0)
-            route_small(r, lane, lsm, gsm, packed);
-        return;
-    }
+    if (__syncthreads_or(own && p != p))
+        return false;
     int c = 0;
     if (t < 0) {   /* route_small's sum: lane L's numerators L, L + 32, then the butterfly */
         float sum = 0.0f;
@@ -3807,11 +3807,13 @@ __device__ __forceinline__ void route_rank(const mxc_route &r, const float *lsm,
         if (lane == 0)
             s_sum = sum;
     } else {
-        if (e < E)
+        if (e < E) {
+#pragma unroll 1
             for (int i = t & 1; i < E; i += 2) {
                 const float pi = ps[i];
                 c += pi > p || (pi == p && i < e);
             }
+        }
         c += __shfl_xor_sync(0xffffffffu, c, 1);
     }
     __syncthreads();
@@ -3821,7 +3823,7 @@ __device__ __forceinline__ void route_rank(const mxc_route &r, const float *lsm,
     }
     __syncthreads();
     if (t >= 0)
-        return;
+        return true;
     /* lane j < k: choice j, as route_small's lanes hold them */
     float wsum = 0.0f;
     for (int j = 0; j < r.k; j++)
@@ -3844,6 +3846,7 @@ __device__ __forceinline__ void route_rank(const mxc_route &r, const float *lsm,
         r.P[m] = E + (m - r.k);
         r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
     }
+    return true;
 }
 
 /* o_proj's last block routes by route_rank (MLXCEL_CUDA_ROUTE_RANK, measuring) */
@@ -4816,9 +4819,8 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     STAMP_AT(7);
     uint32_t pk = 0;
     const float *gl = rt.glog && rt.E < E ? lg + rt.E : nullptr;   /* the router's rows first, then the gate's */
-    if (c_route_rank && rt.E <= 64 && rt.k >= 1 && rt.k <= 4 && rt.k <= rt.E)
-        route_rank(rt, lg, gl, &pk);
-    else if (warp == 0)
+    const bool ranked = c_route_rank && rt.E <= 64 && rt.k >= 1 && rt.k <= 4 && rt.k <= rt.E && route_rank(rt, lg, gl, &pk);
+    if (!ranked && warp == 0)
         route_small(rt, lane, lg, gl, &pk);
     if (threadIdx.x == 0)
         *cnt = 0;
