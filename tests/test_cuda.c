@@ -559,14 +559,16 @@ static int load_two(const char *dir, mx_model **a, mx_model **b)
  * greedy steps, within 1e-3 and the same ids. */
 /* a on the GPU with var=1, b with var=0 (the switch read when the
  * device is selected) */
-static void cuda_pair(mx_model *a, mx_model *b, const char *var, mx_err *e)
+static void cuda_pair_v(mx_model *a, mx_model *b, const char *var, const char *on, const char *off, mx_err *e)
 {
-    setenv(var, "1", 1);
+    setenv(var, on, 1);
     CHECK_OK(mx_device_select(a, "cuda", e), e);
-    setenv(var, "0", 1);
+    setenv(var, off, 1);
     CHECK_OK(mx_device_select(b, "cuda", e), e);
     unsetenv(var);
 }
+
+static void cuda_pair(mx_model *a, mx_model *b, const char *var, mx_err *e) { cuda_pair_v(a, b, var, "1", "0", e); }
 
 static void gpu_vs_cpu(const char *dir, const char *name, int n, int steps, int window, int ctx)
 {
@@ -735,15 +737,17 @@ out:
     mx_model_free(b);
 }
 
-/* A switch that changes only the order work is done in (var=1 against
- * var=0): the same logits bit for bit over a prompt and captured steps. */
-static void kjv_same_bits(const char *dir, const char *var, const char *what)
+/* A switch that changes only the order work is done in (var=on against
+ * var=off; kjv_same_bits: 1 against 0): the same logits bit for bit over
+ * a prompt and captured steps.  (Each model's switches are put in place
+ * at each of its calls, so the two run side by side.) */
+static void kjv_same_bits_v(const char *dir, const char *var, const char *on, const char *off, const char *what)
 {
     mx_err e = {0};
     mx_model *a = NULL, *b = NULL;
     if (!load_two(dir, &a, &b))
         goto out;
-    cuda_pair(a, b, var, &e);
+    cuda_pair_v(a, b, var, on, off, &e);
     if (!a->backend || !b->backend)
         goto out;
     const int V = a->vocab, n = 6, steps = 16;
@@ -773,6 +777,11 @@ static void kjv_same_bits(const char *dir, const char *var, const char *what)
 out:
     mx_model_free(a);
     mx_model_free(b);
+}
+
+static void kjv_same_bits(const char *dir, const char *var, const char *what)
+{
+    kjv_same_bits_v(dir, var, "1", "0", what);
 }
 
 /* The batched steps on the trained demo model, fused MoE on and off. */
@@ -1011,6 +1020,7 @@ int main(void)
         kjv_same_bits(dir, "MLXCEL_CUDA_RPACK", "the routes inside o_proj's flag");
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE1_GO", "phase 1 letting phase 2 launch at its start");
         kjv_same_bits(dir, "MLXCEL_CUDA_ROUTE_RANK", "o_proj's last block routing by ranks");
+        kjv_same_bits_v(dir, "MLXCEL_CUDA_ROUTE_RANK", "2", "0", "o_proj's last block routing by ranks, a thread an expert");
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
     }

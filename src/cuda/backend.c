@@ -2260,7 +2260,8 @@ int mx_cuda_probe(char *info, size_t cap)
 static kswitch kernel_switches(void)
 {
     const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE"),
-               *sp = getenv("MLXCEL_CUDA_SPIN_NS");   /* measuring */
+               *sp = getenv("MLXCEL_CUDA_SPIN_NS"),   /* measuring */
+               *rr = getenv("MLXCEL_CUDA_ROUTE_RANK"); /* 2: a thread an expert (the tests) */
     return (kswitch){.idot = mx_env_flag("MLXCEL_CUDA_IDOT", 1),
                      .ring = mx_env_flag("MLXCEL_CUDA_RING", 1),
                      .att_pre = mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1),
@@ -2273,8 +2274,8 @@ static kswitch kernel_switches(void)
                      .cluster_moe = vm ? atoi(vm) : 2,
                      .pdl = mx_env_flag("MLXCEL_CUDA_PDL", 1),
                      .pdl_trigger = mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1),
-                     .moe1_go = mx_env_flag("MLXCEL_CUDA_MOE1_GO", 0),
-                     .route_rank = mx_env_flag("MLXCEL_CUDA_ROUTE_RANK", 0),
+                     .moe1_go = mx_env_flag("MLXCEL_CUDA_MOE1_GO", 1),
+                     .route_rank = rr && atoi(rr) == 2 ? 2 : mx_env_flag("MLXCEL_CUDA_ROUTE_RANK", 1),
                      .spin_ns = sp ? (unsigned)atoi(sp) : 64u};
 }
 

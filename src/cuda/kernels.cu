@@ -255,10 +255,11 @@ extern "C" void mxc_set_pdl_trigger(int on)
 /* One token's phase 1 on o_proj's flags, with the routes inside the
  * flag's word, lets phase 2 launch at its start (its blocks then take the
  * slots phase 1 leaves spare and ask for their first weights beside it,
- * their experts from that word; MLXCEL_CUDA_MOE1_GO, measuring).  pdl_go
- * is empty unless MXC_PDL_EARLY, so before session 23 phase 2 launched
- * only once phase 1's blocks reached their end. */
-__constant__ int c_moe1_go = 0;
+ * their experts from that word; MLXCEL_CUDA_MOE1_GO=0: at its end).
+ * pdl_go is empty unless MXC_PDL_EARLY, so before session 23 phase 2
+ * launched only once phase 1's blocks reached their end: 853.5-854.5
+ * tok/s against 836.2-838.3 (docs/cuda.md, session 23). */
+__constant__ int c_moe1_go = 1;
 
 extern "C" void mxc_set_moe1_go(int on)
 {
@@ -3759,36 +3760,43 @@ __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const 
     }
 }
 
-/* route_small's routes for E <= 64 experts and k <= 4, by every thread of
- * the block (o_proj's last block, rp_finish; MLXCEL_CUDA_ROUTE_RANK):
- * warps 1 .. 7 take an expert a pair of threads, each pair finding the
- * largest logit (each thread over half of them), its expert's softmax
- * numerator and then its rank (how many experts come before it: a larger
- * numerator, or an equal one at a lower index, as route_small compares
- * them), while warp 0 adds the numerators up in route_small's order; the
- * experts of rank < k are route_small's choices in its order, with its
- * weights bit for bit.  Its chain is three barriers and about E
- * shared-memory loads a thread instead of route_small's k rounds of
- * warp-wide arg-max shuffles, which one warp runs while the SM's other
- * blocks stream (o_proj's routing block took 3.4 us from its logits to
- * its exit: docs/cuda.md, session 23).  *packed: warp 0's lanes.  0
- * where a numerator is NaN: the block then routes by route_small (the
- * caller's, so that its code is there once). */
-__device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm, const float *gsm, uint32_t *packed)
+/* route_small's routes for E <= RANK_E experts and k <= 8, by every
+ * thread of the block (o_proj's last block, rp_finish;
+ * MLXCEL_CUDA_ROUTE_RANK): warps 1 .. 7 take an expert a pair of threads
+ * (E <= 112; else a thread), each finding the largest logit (over its
+ * share of them), its expert's softmax numerator and then its rank (how
+ * many experts come before it: a larger numerator, or an equal one at a
+ * lower index, as route_small compares them), while warp 0 adds the
+ * numerators up in route_small's order; the experts of rank < k are
+ * route_small's choices in its order, with its weights bit for bit.  Its
+ * chain is three barriers and a short loop over the numerators in shared
+ * memory instead of route_small's k rounds of warp-wide arg-max shuffles
+ * in one warp: o_proj's routing block took 3.4 us from its logits to its
+ * exit, while the SM's other blocks streamed, and its speed moved with
+ * code that did not run (docs/cuda.md, session 23).  *packed: warp 0's
+ * lanes.  0 where a numerator is NaN: the block then routes by
+ * route_small (the caller's, so that its code is there once).  one: a
+ * thread an expert whatever E (MLXCEL_CUDA_ROUTE_RANK=2, for the tests). */
+#define RANK_E (THREADS - 32)
+__device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm, const float *gsm, uint32_t *packed,
+                                           bool one)
 {
-    __shared__ float ps[64], s_sum, wr[4];
-    __shared__ int pr[4];
-    const int E = r.E, lane = threadIdx.x & 31, t = (int)threadIdx.x - 32, e = t >> 1;
-    const bool own = t >= 0 && e < E && !(t & 1);
+    static_assert(MXC_ROUTE_FUSED_MAX >= RANK_E, "route_small's sum covers the ranks' experts");
+    __shared__ float ps[RANK_E], s_sum, wr[8];
+    __shared__ int pr[8];
+    const int E = r.E, lane = threadIdx.x & 31, t = (int)threadIdx.x - 32;
+    const int h = E <= RANK_E / 2 && !one ? 2 : 1, e = t / h, part = t % h;   /* h: threads an expert */
+    const bool own = t >= 0 && e < E && !part;
     float p = 0.0f;
     if (t >= 0) {
         float mx = -INFINITY;
         if (e < E) {
 #pragma unroll 1
-            for (int i = t & 1; i < E; i += 2)
+            for (int i = part; i < E; i += h)
                 mx = fmaxf(mx, lsm[i]);
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        if (h == 2)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         if (e < E)
             p = expf(lsm[e] - mx);
         if (own)
@@ -3797,24 +3805,24 @@ __device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm,
     if (__syncthreads_or(own && p != p))
         return false;
     int c = 0;
-    if (t < 0) {   /* route_small's sum: lane L's numerators L, L + 32, then the butterfly */
+    if (t < 0) {   /* route_small's sum: lane L's numerators L, L + 32, ..., then the butterfly */
         float sum = 0.0f;
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-            if (lane + 32 * q < E)
-                sum += ps[lane + 32 * q];
+#pragma unroll 1
+        for (int i = lane; i < E; i += 32)
+            sum += ps[i];
         sum = warp_sum(sum);
         if (lane == 0)
             s_sum = sum;
     } else {
         if (e < E) {
 #pragma unroll 1
-            for (int i = t & 1; i < E; i += 2) {
+            for (int i = part; i < E; i += h) {
                 const float pi = ps[i];
                 c += pi > p || (pi == p && i < e);
             }
         }
-        c += __shfl_xor_sync(0xffffffffu, c, 1);
+        if (h == 2)
+            c += __shfl_xor_sync(0xffffffffu, c, 1);
     }
     __syncthreads();
     if (own && c < r.k) {
@@ -3839,7 +3847,7 @@ __device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm,
         r.W[lane] = myw;
     }
     if (packed)
-        *packed = __reduce_or_sync(0xffffffffu, lane < r.k ? (uint32_t)myp << (8 * lane) : 0u);
+        *packed = __reduce_or_sync(0xffffffffu, lane < r.k && lane < 4 ? (uint32_t)myp << (8 * lane) : 0u);
     const float gv = !r.glog ? 0.0f : gsm ? *gsm : __ldcg(r.glog);
     const int K = r.k + r.n_extra;
     for (int m = r.k + lane; m < K; m += 32) {
@@ -3849,8 +3857,9 @@ __device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm,
     return true;
 }
 
-/* o_proj's last block routes by route_rank (MLXCEL_CUDA_ROUTE_RANK, measuring) */
-__constant__ int c_route_rank = 0;
+/* o_proj's last block routes by route_rank (MLXCEL_CUDA_ROUTE_RANK: 1 the
+ * default, 2 a thread an expert, 0 route_small) */
+__constant__ int c_route_rank = 1;
 
 extern "C" void mxc_set_route_rank(int on)
 {
@@ -4819,7 +4828,8 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     STAMP_AT(7);
     uint32_t pk = 0;
     const float *gl = rt.glog && rt.E < E ? lg + rt.E : nullptr;   /* the router's rows first, then the gate's */
-    const bool ranked = c_route_rank && rt.E <= 64 && rt.k >= 1 && rt.k <= 4 && rt.k <= rt.E && route_rank(rt, lg, gl, &pk);
+    const bool ranked = c_route_rank && rt.E <= RANK_E && rt.k >= 1 && rt.k <= 8 && rt.k <= rt.E &&
+                        route_rank(rt, lg, gl, &pk, c_route_rank == 2);
     if (!ranked && warp == 0)
         route_small(rt, lane, lg, gl, &pk);
     if (threadIdx.x == 0)
@@ -5499,21 +5509,22 @@ static int rp_fill(void)
 }
 
 /* Blocks phase 1 leaves out of what is resident at once
- * (MLXCEL_CUDA_MOE1_SPARE, default 24).  o_proj's last block still routes
+ * (MLXCEL_CUDA_MOE1_SPARE, default 16).  o_proj's last block still routes
  * when phase 1 starts: with every resident block in phase 1's grid, one
  * cluster waited for that block's slot and walked its rows after all the
- * others (stamps: it passed its wait 10 us after the first block), and
- * phase 2's blocks could only start once phase 1's had left.  Decode on
- * an H200 (qwen1.5 synth): 808.6-809.6 tok/s with none spare, 2: 817,
- * 8: 826, 16: 827.3-827.8, 24: 828.6-830.1, 32: 814.7-816.7, 132: 734
- * (docs/cuda.md, session 21). */
+ * others (stamps: it passed its wait 10 us after the first block).
+ * Decode on an H200 (qwen1.5 synth): 808.6-809.6 tok/s with none spare,
+ * 2: 817, 8: 826, 16: 827.3-827.8, 24: 828.6-830.1, 32: 814.7-816.7, 132:
+ * 734 (docs/cuda.md, session 21); since phase 1 lets phase 2 launch at
+ * its start (c_moe1_go), phase 2's first blocks take the spare slots
+ * beside it: 16 858.6-859.7, 24 856.3-856.7, 32 848, 48 829 (session 23). */
 static int moe1_spare(void)
 {
     static int p = -1;
     if (p < 0) {
         const char *v = getenv("MLXCEL_CUDA_MOE1_SPARE");
-        p = v && *v ? atoi(v) : 24;
-        p = p < 0 || p > 1024 ? 24 : p;
+        p = v && *v ? atoi(v) : 16;
+        p = p < 0 || p > 1024 ? 16 : p;
     }
     return p;
 }
