@@ -123,7 +123,6 @@ typedef struct cu_seq {
 typedef struct kswitch {
     int idot, ring, att_pre, att_kv, att_comb1, att_early, wgmma, qkv_warp, cluster, cluster_moe, pdl, pdl_trigger,
         moe1_go, route_rank;
-    unsigned spin_ns;
 } kswitch;
 
 static void switches_use(const kswitch *k);
@@ -170,7 +169,6 @@ typedef struct cu_ctx {
     kswitch ks;                  /* this model's, put in place at each call (switches_use) */
     int *rp_flags;               /* with rp_on: [0] the step's count (mxc_embed), then layer l's h_flag and
                                     r_flag (mxc_route; 64 bits, 8-byte aligned) at RP_FLAGS_AT(l) and 2 ints on */
-    int flag_copies;             /* of o_proj's flags, 1 .. MXC_FLAG_COPIES, a power of 2 (MLXCEL_CUDA_FLAG_COPIES) */
     int rpack;                   /* MLXCEL_CUDA_RPACK: the routes inside r_flag where they fit (mxc_route's r_pack) */
     float *rp_part;              /* its scratch: [MXC_RP_MAX_BLOCKS][MXC_RP_MAX_ROWS] partials */
     double *rp_ss;               /* [MXC_RP_MAX_BLOCKS] */
@@ -993,10 +991,8 @@ static mxc_mv router_mv(const cu_ctx *c, const cu_layer *cl, const cu_buf *b)
 }
 
 /* Layer l's h_flag in rp_flags (its r_flag 2 ints on: 64 bits, 8-byte
- * aligned), then their copies a line apart (MXC_FLAG_COPIES); the step's
- * count in a line of its own before them; RP_FLAGS_AT(n_layers) ints in
- * all. */
-#define RP_FLAGS_AT(l) (MXC_FLAG_LINE + MXC_FLAG_COPIES * MXC_FLAG_LINE * (l))
+ * aligned); RP_FLAGS_AT(n_layers) ints in all. */
+#define RP_FLAGS_AT(l) (2 + 4 * (l))
 
 /* Layer cl's routes fit in its r_flag: k <= 4 experts of at most 255
  * kinds, a byte each (mxc_route's r_pack). */
@@ -1046,7 +1042,6 @@ static int oproj_routed(call *k, int l, mx_err *e)
         r.epoch = c->rp_flags;
         r.h_late = c->hflag_late;
         r.r_pack = rpack_ok(c, cl);
-        r.flag_mask = c->flag_copies - 1;
     }
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
     if (rc < 0)
@@ -1373,7 +1368,6 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                         p.r_flag = k->rp_h + 2;
                         p.r_pack = rpack_ok(c, cl);
                         p.epoch = c->rp_flags;
-                        p.flag_mask = c->flag_copies - 1;
                     }
                 }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
@@ -2259,9 +2253,7 @@ int mx_cuda_probe(char *info, size_t cap)
  * linear runs. */
 static kswitch kernel_switches(void)
 {
-    const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE"),
-               *sp = getenv("MLXCEL_CUDA_SPIN_NS"),   /* measuring */
-               *rr = getenv("MLXCEL_CUDA_ROUTE_RANK"); /* 2: a thread an expert (the tests) */
+    const char *v = getenv("MLXCEL_CUDA_CLUSTER"), *vm = getenv("MLXCEL_CUDA_CLUSTER_MOE");
     return (kswitch){.idot = mx_env_flag("MLXCEL_CUDA_IDOT", 1),
                      .ring = mx_env_flag("MLXCEL_CUDA_RING", 1),
                      .att_pre = mx_env_flag("MLXCEL_CUDA_ATT_PRE", 1),
@@ -2275,8 +2267,7 @@ static kswitch kernel_switches(void)
                      .pdl = mx_env_flag("MLXCEL_CUDA_PDL", 1),
                      .pdl_trigger = mx_env_flag("MLXCEL_CUDA_PDL_TRIGGER", 1),
                      .moe1_go = mx_env_flag("MLXCEL_CUDA_MOE1_GO", 1),
-                     .route_rank = rr && atoi(rr) == 2 ? 2 : mx_env_flag("MLXCEL_CUDA_ROUTE_RANK", 1),
-                     .spin_ns = sp ? (unsigned)atoi(sp) : 64u};
+                     .route_rank = mx_env_flag("MLXCEL_CUDA_ROUTE_RANK", 1)};
 }
 
 /* The kernels' module holds one set of switches (host statics its
@@ -2303,7 +2294,6 @@ static void switches_use(const kswitch *k)
     mxc_set_pdl_trigger(k->pdl_trigger);
     mxc_set_moe1_go(k->moe1_go);
     mxc_set_route_rank(k->route_rank);
-    mxc_set_spin_ns(k->spin_ns);
     cur = *k;
     have = 1;
 }
@@ -2424,14 +2414,6 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
     c->moe2_early = mx_env_flag("MLXCEL_CUDA_MOE2_EARLY", 1);
     c->h_all = mx_env_flag("MLXCEL_CUDA_H_ALL", 1);
     c->rpack = mx_env_flag("MLXCEL_CUDA_RPACK", 1);
-    {
-        /* measuring (off until measured): the flags' copies, rounded down to a power of 2 */
-        const char *v = getenv("MLXCEL_CUDA_FLAG_COPIES");
-        const int n = v ? atoi(v) : 1;
-        c->flag_copies = 1;
-        while (c->flag_copies * 2 <= n && c->flag_copies * 2 <= MXC_FLAG_COPIES)
-            c->flag_copies *= 2;
-    }
     c->shared_early = mx_env_flag("MLXCEL_CUDA_SHARED_EARLY", 1);
     c->hflag_late = mx_env_flag("MLXCEL_CUDA_HFLAG_LATE", 0);
     {

@@ -184,7 +184,6 @@ void mxc_set_pdl(int on);
  * MLXCEL_CUDA_PDL_TRIGGER=0; off: when their last block exits). */
 void mxc_set_pdl_trigger(int on);
 void mxc_set_moe1_go(int on);
-void mxc_set_spin_ns(unsigned ns);
 void mxc_set_route_rank(int on);
 
 /* Phase stamps of the one-token kernels, in a build with -DMXC_STAMPS
@@ -340,18 +339,8 @@ typedef struct mxc_route {
      * low half, written by one relaxed store, no fence: phase 1 learns
      * the routes in the load that sees the flag (MLXCEL_CUDA_RPACK) */
     int r_pack;
-    int flag_mask;               /* the copies of h_flag and r_flag written, less one (MXC_FLAG_COPIES) */
 } mxc_route;
 int mxc_route_softmax(cudaStream_t st, const mxc_route *r);
-
-/* mxc_route's h_flag and r_flag, each written in flag_mask + 1 copies of
- * up to MXC_FLAG_COPIES, MXC_FLAG_LINE ints (a 128-byte line) apart; each
- * block of phase 1 and 2 waits on one of them (a warp of phase 1 for
- * r_flag), so that the L2 slice holding a flag's line is not held by up to
- * 2 000 warps polling it while o_proj's last block, and the weights that
- * live in that slice, go through it (MLXCEL_CUDA_FLAG_COPIES). */
-#define MXC_FLAG_COPIES 16
-#define MXC_FLAG_LINE 32
 
 /* One token's router folded into the streaming matvec before it (o_proj):
  * y = M x is what the FFN's RMSNorm adds to the residual x_res, so the
@@ -425,7 +414,6 @@ typedef struct mxc_moe1 {
      * launch has ended, and a warp waits for *r_flag at its first routed row */
     const int *h_flag, *r_flag, *epoch;
     int r_pack;                  /* r_flag holds the routes (mxc_route's r_pack) */
-    int flag_mask;               /* a block (phase 1: a warp) reads copy (its index & flag_mask) of each flag */
     /* The routed experts' matrices one stride apart (the checkpoints'
      * stacked switch_mlp tensors): expert e's matrix t (0 gate, 1 up, 2
      * down) is e0[t] with its w, s and b moved e * estr[t][0 .. 2] bytes,

@@ -3762,41 +3762,38 @@ __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const 
 
 /* route_small's routes for E <= RANK_E experts and k <= 8, by every
  * thread of the block (o_proj's last block, rp_finish;
- * MLXCEL_CUDA_ROUTE_RANK): warps 1 .. 7 take an expert a pair of threads
- * (E <= 112; else a thread), each finding the largest logit (over its
- * share of them), its expert's softmax numerator and then its rank (how
- * many experts come before it: a larger numerator, or an equal one at a
- * lower index, as route_small compares them), while warp 0 adds the
- * numerators up in route_small's order; the experts of rank < k are
- * route_small's choices in its order, with its weights bit for bit.  Its
- * chain is three barriers and a short loop over the numerators in shared
+ * MLXCEL_CUDA_ROUTE_RANK): warps 1 .. 7 take an expert a pair of
+ * threads, each pair finding the largest logit (each thread over half of
+ * them), its expert's softmax numerator and then its rank (how many
+ * experts come before it: a larger numerator, or an equal one at a lower
+ * index, as route_small compares them), while warp 0 adds the numerators
+ * up in route_small's order; the experts of rank < k are route_small's
+ * choices in its order, with its weights bit for bit.  Its chain is three
+ * barriers and two short loops over the logits and numerators in shared
  * memory instead of route_small's k rounds of warp-wide arg-max shuffles
  * in one warp: o_proj's routing block took 3.4 us from its logits to its
- * exit, while the SM's other blocks streamed, and its speed moved with
- * code that did not run (docs/cuda.md, session 23).  *packed: warp 0's
- * lanes.  0 where a numerator is NaN: the block then routes by
- * route_small (the caller's, so that its code is there once).  one: a
- * thread an expert whatever E (MLXCEL_CUDA_ROUTE_RANK=2, for the tests). */
-#define RANK_E (THREADS - 32)
-__device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm, const float *gsm, uint32_t *packed,
-                                           bool one)
+ * exit while the SM's other blocks streamed (docs/cuda.md, session 23;
+ * with a thread an expert, 128 experts, the loops were slower than
+ * route_small).  *packed: warp 0's lanes.  0 where a numerator is NaN:
+ * the block then routes by route_small (the caller's, so that its code is
+ * there once). */
+#define RANK_E ((THREADS - 32) / 2)
+__device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm, const float *gsm, uint32_t *packed)
 {
     static_assert(MXC_ROUTE_FUSED_MAX >= RANK_E, "route_small's sum covers the ranks' experts");
     __shared__ float ps[RANK_E], s_sum, wr[8];
     __shared__ int pr[8];
-    const int E = r.E, lane = threadIdx.x & 31, t = (int)threadIdx.x - 32;
-    const int h = E <= RANK_E / 2 && !one ? 2 : 1, e = t / h, part = t % h;   /* h: threads an expert */
-    const bool own = t >= 0 && e < E && !part;
+    const int E = r.E, lane = threadIdx.x & 31, t = (int)threadIdx.x - 32, e = t >> 1;
+    const bool own = t >= 0 && e < E && !(t & 1);
     float p = 0.0f;
     if (t >= 0) {
         float mx = -INFINITY;
         if (e < E) {
 #pragma unroll 1
-            for (int i = part; i < E; i += h)
+            for (int i = t & 1; i < E; i += 2)
                 mx = fmaxf(mx, lsm[i]);
         }
-        if (h == 2)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         if (e < E)
             p = expf(lsm[e] - mx);
         if (own)
@@ -3816,13 +3813,12 @@ __device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm,
     } else {
         if (e < E) {
 #pragma unroll 1
-            for (int i = part; i < E; i += h) {
+            for (int i = t & 1; i < E; i += 2) {
                 const float pi = ps[i];
                 c += pi > p || (pi == p && i < e);
             }
         }
-        if (h == 2)
-            c += __shfl_xor_sync(0xffffffffu, c, 1);
+        c += __shfl_xor_sync(0xffffffffu, c, 1);
     }
     __syncthreads();
     if (own && c < r.k) {
@@ -3857,8 +3853,8 @@ __device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm,
     return true;
 }
 
-/* o_proj's last block routes by route_rank (MLXCEL_CUDA_ROUTE_RANK: 1 the
- * default, 2 a thread an expert, 0 route_small) */
+/* o_proj's last block routes by route_rank (MLXCEL_CUDA_ROUTE_RANK=0:
+ * route_small) */
 __constant__ int c_route_rank = 1;
 
 extern "C" void mxc_set_route_rank(int on)
@@ -4480,14 +4476,6 @@ struct mv_depth {
  * for by relaxed loads and one fence after it is seen (a load-acquire in
  * the loop invalidates the SM's L1 at every try, which the other warps of
  * the SM pay for: ncu had it at 40 % of the stall samples). */
-/* ns a flag's waiter sleeps between its loads (MLXCEL_CUDA_SPIN_NS, measuring) */
-__constant__ unsigned c_spin_ns = 64;
-
-extern "C" void mxc_set_spin_ns(unsigned ns)
-{
-    cudaMemcpyToSymbol(c_spin_ns, &ns, sizeof ns);
-}
-
 __device__ __forceinline__ void flag_set(int *f, int v)
 {
     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
@@ -4504,7 +4492,7 @@ __device__ __forceinline__ void flag_wait_for(const int *f, int v)
         asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(u) : "l"(f) : "memory");
         if (u == v)
             break;
-        __nanosleep(c_spin_ns);
+        __nanosleep(64);
     }
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
@@ -4520,7 +4508,7 @@ __device__ __forceinline__ uint32_t route_word_wait(const int *r_flag, int ep)
         asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(r_flag) : "memory");
         if ((int)(v >> 32) == ep)
             break;
-        __nanosleep(c_spin_ns);
+        __nanosleep(64);
     }
     return (uint32_t)v;
 }
@@ -4662,7 +4650,7 @@ struct rp_row {
     uint32_t w[RP_WORDS];
     float s, b;
     float x, nw;   /* warp 0, lane c < WARPS x R: the residual and the norm's weight at row c */
-    int ep;        /* warp 0, with rt.h_flag: the step's count for the flags */
+    int ep;        /* thread 0, with rt.h_flag: the step's count for the flags */
 };
 
 template <int R>
@@ -4673,7 +4661,7 @@ __device__ __forceinline__ void rp_load(const mxc_rpart &rp, const mxc_route &rt
     const int64_t c0 = (int64_t)blockIdx.x * span;
     /* the embedding's count (complete: launches back), here rather than
      * where the last block raises its flags: a round trip less there */
-    k.ep = e < 32 && rt.h_flag ? __ldcg(rt.epoch) : 0;
+    k.ep = e == 0 && rt.h_flag ? __ldcg(rt.epoch) : 0;
     /* x: q/k/v's block 0 wrote it two launches back (complete) */
     if (e < span && c0 + e < rp.rows) {
         k.x = __ldcg(rp.x + c0 + e);
@@ -4816,20 +4804,18 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
         return;
     __threadfence();
     /* every block's rows of the residual are in: phase 1 may stage its norm
-     * (rt.h_late, measuring: once the logits are made); lane i of warp 0
-     * raises copy i of each flag */
-    const int ep = k.ep;   /* warp 0's, the one that raises the flags */
-    const bool fw = threadIdx.x <= rt.flag_mask;
-    if (rt.h_flag && !rt.h_late && fw)
-        flag_set(rt.h_flag + threadIdx.x * MXC_FLAG_LINE, ep);
+     * (rt.h_late, measuring: once the logits are made) */
+    const int ep = k.ep;   /* thread 0's, the one that raises the flags */
+    if (rt.h_flag && !rt.h_late && threadIdx.x == 0)
+        flag_set(rt.h_flag, ep);
     rp_logits(rp, nblk, part, lg);
-    if (rt.h_flag && rt.h_late && fw)
-        flag_set(rt.h_flag + threadIdx.x * MXC_FLAG_LINE, ep);
+    if (rt.h_flag && rt.h_late && threadIdx.x == 0)
+        flag_set(rt.h_flag, ep);
     STAMP_AT(7);
     uint32_t pk = 0;
     const float *gl = rt.glog && rt.E < E ? lg + rt.E : nullptr;   /* the router's rows first, then the gate's */
     const bool ranked = c_route_rank && rt.E <= RANK_E && rt.k >= 1 && rt.k <= 8 && rt.k <= rt.E &&
-                        route_rank(rt, lg, gl, &pk, c_route_rank == 2);
+                        route_rank(rt, lg, gl, &pk);
     if (!ranked && warp == 0)
         route_small(rt, lane, lg, gl, &pk);
     if (threadIdx.x == 0)
@@ -4837,16 +4823,15 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     if (rt.r_flag && rt.r_pack) {
         /* the routes inside the flag: one relaxed 64-bit store, nothing
          * to order before it (phase 2 reads P and W after this launch) */
-        if (fw) {
+        if (threadIdx.x == 0) {
             const unsigned long long v = (unsigned long long)(unsigned)ep << 32 | pk;
-            asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(rt.r_flag + threadIdx.x * MXC_FLAG_LINE), "l"(v)
-                         : "memory");
+            asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(rt.r_flag), "l"(v) : "memory");
         }
     } else if (rt.r_flag) {   /* the routes (warp 0's stores) for phase 1's routed rows */
         __syncthreads();
-        if (fw) {
+        if (threadIdx.x == 0) {
             __threadfence();
-            flag_set(rt.r_flag + threadIdx.x * MXC_FLAG_LINE, ep);
+            flag_set(rt.r_flag, ep);
         }
     }
 }
@@ -4900,11 +4885,6 @@ struct moe1_src {
     int ep, rw;     /* p.r_flag: the step's count; rw: this warp's sm has no routed slot yet */
     __device__ moe1_src(mxc_mat *s, const mxc_moe1 &q, int sh = 0, int g = 0, int e = 0, bool w = false)
         : p(q), sm(s), lj(q.lo), lr(0), shift(sh), G(g), ep(e), rw(w) {}
-    /* this warp's copy of r_flag (mxc_moe1's flag_mask) */
-    __device__ __forceinline__ int flag_copy(void) const
-    {
-        return (int)((blockIdx.x * WARPS + (threadIdx.x >> 5)) & (unsigned)p.flag_mask) * MXC_FLAG_LINE;
-    }
     /* The routes, once o_proj's last block has them: the routed slots'
      * gate and up matrices into this warp's own sm (lane-parallel 8-byte
      * words; the other warps of the block may still be on extra slots). */
@@ -4932,7 +4912,7 @@ struct moe1_src {
             }
             uint32_t ids = 0;
             if (lane == 0) {
-                ids = route_word_wait(p.r_flag + flag_copy(), ep);
+                ids = route_word_wait(p.r_flag, ep);
             }
             ids = __shfl_sync(0xffffffffu, ids, 0);
 #pragma unroll
@@ -4946,7 +4926,7 @@ struct moe1_src {
             }
         } else {
             if (lane == 0)
-                flag_wait_for(p.r_flag + flag_copy(), ep);
+                flag_wait_for(p.r_flag, ep);
             __syncwarp();
             for (int i = lane; i < n; i += 32) {
                 const int m = i / NW;
@@ -5069,7 +5049,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         }
         if (threadIdx.x == 0) {
             STAMP_AT(1);
-            flag_wait_for(p.h_flag + (blockIdx.x & (unsigned)p.flag_mask) * MXC_FLAG_LINE, ep);
+            flag_wait_for(p.h_flag, ep);
             STAMP_AT(2);
         }
         __syncthreads();
@@ -5272,7 +5252,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe2s(const __grid_constant__ mx
              * before the wait for the word: one round trip, not two) */
             const mxc_mat b = p.e0[2];
             const int64_t sw = p.estr[2][0], ss = p.estr[2][1], sb = p.estr[2][2];
-            const int id = (int)((unsigned long long)route_word_wait(p.r_flag + (blockIdx.x & (unsigned)p.flag_mask) * MXC_FLAG_LINE, __ldcg(p.epoch)) >> (8 * j)) & 255;
+            const int id = (int)((unsigned long long)route_word_wait(p.r_flag, __ldcg(p.epoch)) >> (8 * j)) & 255;
             if (p.estride & 1) {
                 sm = b;
                 sm.w = (const char *)b.w + id * sw;
