@@ -3671,6 +3671,37 @@ __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float
     __syncthreads();
 }
 
+/* The end of a routing: lane j < k holds choice j (expert myp, its
+ * softmax weight myw; wsum the k weights' sum) and writes it, normalised
+ * and scaled as the family says.  *packed: choices 0 .. 3 a byte
+ * each (mxc_route's r_pack: k <= 4, E <= 255).  route_small and
+ * route_rank end here, with route_extra. */
+__device__ __forceinline__ void route_out(const mxc_route &r, int lane, int myp, float myw, float wsum,
+                                          uint32_t *packed)
+{
+    if (lane < r.k) {
+        if (r.norm_topk)
+            myw /= wsum;
+        if (r.expert_scale)
+            myw *= r.expert_scale[myp];
+        r.P[lane] = myp;
+        r.W[lane] = myw;
+    }
+    if (packed)
+        *packed = __reduce_or_sync(0xffffffffu, lane < r.k && lane < 4 ? (uint32_t)myp << (8 * lane) : 0u);
+}
+
+/* the always-on experts after the k routed ones (n_extra; the first
+ * gated by the sigmoid of glog's logit gv) */
+__device__ __forceinline__ void route_extra(const mxc_route &r, int lane, float gv)
+{
+    const int K = r.k + r.n_extra;
+    for (int m = r.k + lane; m < K; m += 32) {
+        r.P[m] = r.E + (m - r.k);
+        r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
+    }
+}
+
 /* k_route for one token by one warp, E <= MXC_ROUTE_FUSED_MAX (each lane
  * keeps its experts' numerators in registers): the same arithmetic and
  * ties.  Reads what other blocks of the launch wrote: through L2; or the
@@ -3735,16 +3766,7 @@ __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const 
         wsum += bv / sum;
     }
     if (r.k <= 32) {   /* lane j's choice still in its registers */
-        if (lane < r.k) {
-            if (r.norm_topk)
-                myw /= wsum;
-            if (r.expert_scale)
-                myw *= r.expert_scale[myp];
-            r.P[lane] = myp;
-            r.W[lane] = myw;
-        }
-        if (packed)   /* choices 0 .. 3 a byte each (mxc_route's r_pack: k <= 4, E <= 255) */
-            *packed = __reduce_or_sync(0xffffffffu, lane < r.k && lane < 4 ? (uint32_t)myp << (8 * lane) : 0u);
+        route_out(r, lane, myp, myw, wsum, packed);
     } else if (lane == 0) {
         for (int j = 0; j < r.k; j++) {
             if (r.norm_topk)
@@ -3753,11 +3775,7 @@ __device__ __forceinline__ void route_small(const mxc_route &r, int lane, const 
                 r.W[j] *= r.expert_scale[r.P[j]];
         }
     }
-    const int K = r.k + r.n_extra;
-    for (int m = r.k + lane; m < K; m += 32) {
-        r.P[m] = E + (m - r.k);
-        r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
-    }
+    route_extra(r, lane, gv);
 }
 
 /* route_small's routes for E <= RANK_E experts and k <= 8, by every
@@ -3833,34 +3851,20 @@ __device__ __forceinline__ bool route_rank(const mxc_route &r, const float *lsm,
     for (int j = 0; j < r.k; j++)
         wsum += wr[j];
     const int myp = lane < r.k ? pr[lane] : 0;
-    if (lane < r.k) {
-        float myw = wr[lane];
-        if (r.norm_topk)
-            myw /= wsum;
-        if (r.expert_scale)
-            myw *= r.expert_scale[myp];
-        r.P[lane] = myp;
-        r.W[lane] = myw;
-    }
-    if (packed)
-        *packed = __reduce_or_sync(0xffffffffu, lane < r.k && lane < 4 ? (uint32_t)myp << (8 * lane) : 0u);
+    route_out(r, lane, myp, lane < r.k ? wr[lane] : 0.0f, wsum, packed);
     const float gv = !r.glog ? 0.0f : gsm ? *gsm : __ldcg(r.glog);
-    const int K = r.k + r.n_extra;
-    for (int m = r.k + lane; m < K; m += 32) {
-        r.P[m] = E + (m - r.k);
-        r.W[m] = m == r.k && r.glog ? 1.0f / (1.0f + expf(-gv)) : 1.0f;
-    }
+    route_extra(r, lane, gv);
     return true;
 }
 
 /* o_proj's last block routes by route_rank (MLXCEL_CUDA_ROUTE_RANK=0:
- * route_small) */
-__constant__ int c_route_rank = 1;
+ * route_small) where its experts allow: k_mvs_rp's RK, chosen at the
+ * launch, so that a kernel routing by route_small holds no code of
+ * route_rank (a kernel's speed moves with code it does not run:
+ * docs/cuda.md, sessions 19-24) */
+static int g_route_rank = 1;
 
-extern "C" void mxc_set_route_rank(int on)
-{
-    cudaMemcpyToSymbol(c_route_rank, &on, sizeof on);
-}
+extern "C" void mxc_set_route_rank(int on) { g_route_rank = on; }
 
 /* One step's data of R rows: each row's chunk words, scale and bias. */
 template <int BITS, int R>
@@ -4746,7 +4750,7 @@ __device__ __forceinline__ void rp_logits(const mxc_rpart &rp, int nblk, float *
 
 /* After the walk: the block's partial of every router row (thread e) and
  * of the squares, then the launch's last block's logits and routes (rt, cnt as mvs_blocks'). */
-template <int R>
+template <int R, bool RK>
 __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp, const mxc_route &rt, int *cnt,
                                           const rp_row &k)
 {
@@ -4814,8 +4818,7 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     STAMP_AT(7);
     uint32_t pk = 0;
     const float *gl = rt.glog && rt.E < E ? lg + rt.E : nullptr;   /* the router's rows first, then the gate's */
-    const bool ranked = c_route_rank && rt.E <= RANK_E && rt.k >= 1 && rt.k <= 8 && rt.k <= rt.E &&
-                        route_rank(rt, lg, gl, &pk);
+    const bool ranked = RK && route_rank(rt, lg, gl, &pk);
     if (!ranked && warp == 0)
         route_small(rt, lane, lg, gl, &pk);
     if (threadIdx.x == 0)
@@ -4836,7 +4839,7 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
     }
 }
 
-template <int BITS, int DT, int R>
+template <int BITS, int DT, int R, bool RK>
 __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ mxc_mv mv, const float *x, int64_t G,
                                                       int nch, const __grid_constant__ mxc_rpart rp,
                                                       const __grid_constant__ mxc_route rt, int *cnt)
@@ -4846,7 +4849,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_mvs_rp(const __grid_constant__ m
     rp_load<R>(rp, rt, k);
     const mxc_norm_in no = {};
     mvs_blocks<BITS, DT, R, true, true>(mv, x, G, nch, no, 0, rt, nullptr, blockIdx.x, gridDim.x);
-    rp_finish<R>(mv, rp, rt, cnt, k);
+    rp_finish<R, RK>(mv, rp, rt, cnt, k);
 }
 
 /* mxc_matvec of 2 .. NT tokens (a batched decode step's rows) as k_mvs
@@ -5540,39 +5543,39 @@ static int launch_mvs_r(cudaStream_t st, const mxc_mv *mv, const float *x, const
 
 /* k_mvs_rp with R rows a warp; -1 when the launch would have more blocks
  * than rp's scratch. */
-template <int BITS, int DT, int R>
+template <int BITS, int DT, int R, bool RK>
 static int launch_mvs_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
                          const mxc_route *rt, int *cnt)
 {
     const int64_t G = mv_groups(mv, R);
     const size_t smem = ring_bytes<BITS, R, true>() + stage_bytes(mv->m[0].cols, true);
     const int64_t nb = (G + WARPS - 1) / WARPS,
-                  fit = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, R>, smem) * sm_count();
+                  fit = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, R, RK>, smem) * sm_count();
     /* a group for every warp, in one quantization group of the router */
     if (nb > fit || nb > rp->max_blocks)
         return -1;
     for (int i = 0; i < rp->rv.n; i++)
         if (rp->rv.m[i].gs % (WARPS * R) || WARPS * R * rp->rv.m[i].bits / 32 > RP_WORDS)
             return -1;
-    return launch_k(k_mvs_rp<BITS, DT, R>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
+    return launch_k(k_mvs_rp<BITS, DT, R, RK>, (unsigned)nb, THREADS, smem, st, 1, *mv, x, G, (int)(mv->m[0].cols >> 5),
                     *rp, *rt, cnt);
 }
 
-/* launch_mvs_r's choice of rows a warp, for k_mvs_rp. */
-template <int BITS, int DT>
+/* launch_mvs_r's choice of rows a warp, for k_mvs_rp (with RK). */
+template <int BITS, int DT, bool RK>
 static int launch_mvs_rp_r(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
                            const mxc_route *rt, int *cnt)
 {
     constexpr int RMAX = BITS == 4 ? 4 : 2;
     const size_t smem = ring_bytes<BITS, RMAX, true>() + stage_bytes(mv->m[0].cols, true);
-    const int64_t enough = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, RMAX>, smem) * sm_count() * rp_fill() / 100;
+    const int64_t enough = (int64_t)resident((const void *)k_mvs_rp<BITS, DT, RMAX, RK>, smem) * sm_count() * rp_fill() / 100;
     if constexpr (RMAX == 4) {
         if ((mv_groups(mv, 4) + WARPS - 1) / WARPS >= enough)
-            return launch_mvs_rp<BITS, DT, 4>(st, mv, x, rp, rt, cnt);
+            return launch_mvs_rp<BITS, DT, 4, RK>(st, mv, x, rp, rt, cnt);
     }
     if ((mv_groups(mv, 2) + WARPS - 1) / WARPS >= enough)
-        return launch_mvs_rp<BITS, DT, 2>(st, mv, x, rp, rt, cnt);
-    return launch_mvs_rp<BITS, DT, 1>(st, mv, x, rp, rt, cnt);
+        return launch_mvs_rp<BITS, DT, 2, RK>(st, mv, x, rp, rt, cnt);
+    return launch_mvs_rp<BITS, DT, 1, RK>(st, mv, x, rp, rt, cnt);
 }
 
 int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, const mxc_rpart *rp,
@@ -5593,9 +5596,11 @@ int mxc_matvec_stream_rp(cudaStream_t st, const mxc_mv *mv, const float *x, cons
     if (E != rp->E || rp->rows != mv->m[0].rows)
         return -1;
     const int bits = mv->m[0].bits, dt = mv->m[0].dt;
+    /* route_rank's reach: its shared arrays, warp 0's lanes */
+    const bool rk = g_route_rank && rt->E <= RANK_E && rt->k >= 1 && rt->k <= 8 && rt->k <= rt->E;
 #define MXC_MVRP(B, D) \
     if (bits == B && dt == D) \
-        return launch_mvs_rp_r<B, D>(st, mv, x, rp, rt, cnt);
+        return rk ? launch_mvs_rp_r<B, D, true>(st, mv, x, rp, rt, cnt) : launch_mvs_rp_r<B, D, false>(st, mv, x, rp, rt, cnt);
     MXC_MVRP(4, MXC_F16) MXC_MVRP(4, MXC_BF16) MXC_MVRP(4, MXC_F32)
     MXC_MVRP(8, MXC_F16) MXC_MVRP(8, MXC_BF16) MXC_MVRP(8, MXC_F32)
 #undef MXC_MVRP
