@@ -5492,7 +5492,7 @@ static int rp_fill(void)
 }
 
 /* Blocks phase 1 leaves out of what is resident at once
- * (MLXCEL_CUDA_MOE1_SPARE, default 16).  o_proj's last block still routes
+ * (MLXCEL_CUDA_MOE1_SPARE, default 4).  o_proj's last block still routes
  * when phase 1 starts: with every resident block in phase 1's grid, one
  * cluster waited for that block's slot and walked its rows after all the
  * others (stamps: it passed its wait 10 us after the first block).
@@ -5500,14 +5500,16 @@ static int rp_fill(void)
  * 2: 817, 8: 826, 16: 827.3-827.8, 24: 828.6-830.1, 32: 814.7-816.7, 132:
  * 734 (docs/cuda.md, session 21); since phase 1 lets phase 2 launch at
  * its start (c_moe1_go), phase 2's first blocks take the spare slots
- * beside it: 16 858.6-859.7, 24 856.3-856.7, 32 848, 48 829 (session 23). */
+ * beside it: 16 858.6-859.7, 24 856.3-856.7, 32 848, 48 829 (session 23);
+ * 0 869.2-869.9, 2 870.6-871.2, 4 873.3-873.6, 8 872.7-872.9 against 16
+ * 870.9-871.1 (session 24, one run). */
 static int moe1_spare(void)
 {
     static int p = -1;
     if (p < 0) {
         const char *v = getenv("MLXCEL_CUDA_MOE1_SPARE");
-        p = v && *v ? atoi(v) : 16;
-        p = p < 0 || p > 1024 ? 16 : p;
+        p = v && *v ? atoi(v) : 4;
+        p = p < 0 || p > 1024 ? 4 : p;
     }
     return p;
 }
