@@ -4311,6 +4311,69 @@ __device__ __forceinline__ void load_chunk(const mxc_mat &m, int64_t r, int c, r
     }
 }
 
+/* A group's R rows located once (mxc_ring_rows, at the group's first
+ * step): each row's words and the words of its first group's scale and
+ * bias, so that a chunk's copies are a few adds.  load_chunk above works
+ * the addresses out from the matrix at every chunk: ncu's source counters
+ * had that at a fifth to a third of the streaming kernels' instructions
+ * (docs/cuda.md, session 27).  Built with -DMXC_ROWS=0: load_chunk. */
+#ifndef MXC_ROWS
+#define MXC_ROWS 1
+#endif
+template <int R>
+struct ring_rows {
+    const char *w[R], *s[R], *b[R];
+    uint32_t par;   /* 16-bit scales: bit i, row i's first group is the high half of its word */
+    int gsh;        /* log2 of the chunks a group (all R rows: one group size) */
+};
+
+/* Row r of m as row i of rr. */
+template <int BITS, int DT, int R>
+__device__ __forceinline__ void ring_row(const mxc_mat &m, int64_t r, int i, ring_rows<R> &rr)
+{
+    const int64_t nchm = m.cols >> 5;
+    const int gsh = __ffs(m.gs) - 6;
+    rr.gsh = gsh;
+    rr.w[i] = (const char *)m.w + r * nchm * (BITS * 4);
+    const int64_t gi = r * (nchm >> gsh);
+    if constexpr (DT == MXC_F32) {
+        rr.s[i] = (const char *)m.s + gi * 4;
+        rr.b[i] = (const char *)m.b + gi * 4;
+    } else {
+        rr.s[i] = (const char *)m.s + (gi & ~(int64_t)1) * 2;
+        rr.b[i] = (const char *)m.b + (gi & ~(int64_t)1) * 2;
+        if (i == 0)
+            rr.par = 0;
+        rr.par |= (uint32_t)(gi & 1) << i;
+    }
+}
+
+/* Chunk c of the located rows into a ring slot (load_chunk's copies). */
+template <int BITS, int DT, int R>
+__device__ __forceinline__ void ring_load(const ring_rows<R> &rr, int c, ring_slot<BITS, R> &st)
+{
+    using G = ring_geom<BITS, R>;
+    const uint32_t wo = (uint32_t)c * (BITS * 4);
+    const int go = c >> rr.gsh;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+#pragma unroll
+        for (int p = 0; p < BITS / 4; p++)
+            cp_async16s(st.s + i * G::WB + p * 512 + st.lane * 16, rr.w[i] + wo + 16 * p);
+        const unsigned so = st.s + G::SB + i * 128 + st.lane * 4, bo = st.s + G::BB + i * 128 + st.lane * 4;
+        if constexpr (DT == MXC_F32) {
+            cp_async4(so, rr.s[i] + 4 * go);
+            cp_async4(bo, rr.b[i] + 4 * go);
+        } else {
+            const int e = go + (int)((rr.par >> i) & 1u);
+            const int off = (e >> 1) * 4;
+            cp_async4(so, rr.s[i] + off);
+            cp_async4(bo, rr.b[i] + off);
+            st.half |= (uint32_t)(e & 1) << i;
+        }
+    }
+}
+
 /* A slot back into registers, as load_chunk would have left them. */
 template <int BITS, int DT, int R>
 __device__ __forceinline__ void ring_read(const unsigned char *slot, int lane, mv_stage<BITS, R> &st)
@@ -4343,6 +4406,7 @@ struct mv_ring {
     using G = ring_geom<BITS, R>;
     unsigned char *ring;
     unsigned sring;
+    ring_rows<R> rr;           /* the rows of group lg */
     int64_t lg, gstride, Gn;   /* the next item to load: group lg, step lk */
     int lk, kc, nch, lane, head;
     __device__ __forceinline__ mv_ring(int64_t g0, int64_t gs, int64_t g_end, int n, int ln, unsigned char *r)
@@ -4352,11 +4416,17 @@ struct mv_ring {
     __device__ __forceinline__ void load_next(Src &src)
     {
         if (lg < Gn) {
-            if (lk == 0)
+            if (lk == 0) {
                 src.locate(lg);
+                if constexpr (MXC_ROWS)
+                    src.fill(rr);
+            }
             if (lk * 32 + lane < nch) {
                 ring_slot<BITS, R> sl{sring + (unsigned)(head * G::SLOT), lane, 0u};
-                src.load(lk * 32 + lane, sl);
+                if constexpr (MXC_ROWS)
+                    ring_load<BITS, Src::dt, R>(rr, lk * 32 + lane, sl);
+                else
+                    src.load(lk * 32 + lane, sl);
                 *(uint32_t *)(ring + head * G::SLOT + G::HB + lane * 4) = sl.half;
             }
             if (++lk == kc) {
@@ -4438,8 +4508,16 @@ struct mv_src {
             g -= (mv.m[i++].rows + R - 1) / R;
         r0 = g * R;
     }
+    static constexpr int dt = DT;
     __device__ __forceinline__ void locate(int64_t g) { where(g, li, lr0); }
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one x */
+    __device__ __forceinline__ void fill(ring_rows<R> &rr) const
+    {
+        const mxc_mat &m = mv.m[li];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            ring_row<BITS, DT, R>(m, min(lr0 + i, m.rows - 1), i, rr);
+    }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
     {
@@ -4969,6 +5047,15 @@ struct moe1_src {
             j++;
         return (int64_t)((j - p.lo) / p.kp) * nch * DS;
     }
+    static constexpr int dt = DT;
+    __device__ __forceinline__ void fill(ring_rows<4> &rr) const
+    {
+        const mxc_mat &gm = sm[2 * (lj - p.lo)], &um = sm[2 * (lj - p.lo) + 1];
+        ring_row<BITS, DT, 4>(gm, lr, 0, rr);
+        ring_row<BITS, DT, 4>(gm, lr + 1, 1, rr);
+        ring_row<BITS, DT, 4>(um, lr, 2, rr);
+        ring_row<BITS, DT, 4>(um, lr + 1, 3, rr);
+    }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
     {
@@ -5202,8 +5289,15 @@ struct moe2_src {
     float *y;
     int64_t rows, lr0;
     __device__ moe2_src(const mxc_mat &mm, float *yy, int64_t d) : m(mm), y(yy), rows(d), lr0(0) {}
+    static constexpr int dt = DT;
     __device__ __forceinline__ void locate(int64_t g) { lr0 = g * R; }
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one slot's h */
+    __device__ __forceinline__ void fill(ring_rows<R> &rr) const
+    {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            ring_row<BITS, DT, R>(m, min(lr0 + i, rows - 1), i, rr);
+    }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
     {
