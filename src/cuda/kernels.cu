@@ -4322,54 +4322,59 @@ __device__ __forceinline__ void load_chunk(const mxc_mat &m, int64_t r, int c, r
 #endif
 template <int R>
 struct ring_rows {
+    /* row i's words; the scale and bias (elements, 16 or 32 bits) of its
+     * first group */
     const char *w[R], *s[R], *b[R];
-    uint32_t par;   /* 16-bit scales: bit i, row i's first group is the high half of its word */
-    int gsh;        /* log2 of the chunks a group (all R rows: one group size) */
+    int gsh;   /* log2 of the chunks a group (all R rows: one group size) */
 };
 
-/* Row r of m as row i of rr. */
+/* Rows r0 .. r0 + n - 1 of m as rows i0 .. i0 + n - 1 of rr, a row past
+ * the matrix's last as the last (a group's rows past the end are loaded
+ * and never stored, as in load_chunk's callers). */
 template <int BITS, int DT, int R>
-__device__ __forceinline__ void ring_row(const mxc_mat &m, int64_t r, int i, ring_rows<R> &rr)
+__device__ __forceinline__ void ring_rows_of(const mxc_mat &m, int64_t r0, int i0, int n, ring_rows<R> &rr)
 {
-    const int64_t nchm = m.cols >> 5;
+    const uint32_t nchm = (uint32_t)(m.cols >> 5);
     const int gsh = __ffs(m.gs) - 6;
+    const uint32_t wrow = nchm * (BITS * 4), srow = (nchm >> gsh) * (DT == MXC_F32 ? 4 : 2);
+    const char *w = (const char *)m.w + r0 * wrow, *sp = (const char *)m.s + r0 * srow,
+               *bp = (const char *)m.b + r0 * srow;
+    const int64_t last = m.rows - 1 - r0;
     rr.gsh = gsh;
-    rr.w[i] = (const char *)m.w + r * nchm * (BITS * 4);
-    const int64_t gi = r * (nchm >> gsh);
-    if constexpr (DT == MXC_F32) {
-        rr.s[i] = (const char *)m.s + gi * 4;
-        rr.b[i] = (const char *)m.b + gi * 4;
-    } else {
-        rr.s[i] = (const char *)m.s + (gi & ~(int64_t)1) * 2;
-        rr.b[i] = (const char *)m.b + (gi & ~(int64_t)1) * 2;
-        if (i == 0)
-            rr.par = 0;
-        rr.par |= (uint32_t)(gi & 1) << i;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (i < i0 || i >= i0 + n)
+            continue;
+        const uint32_t k = (uint32_t)(i - i0 <= last ? i - i0 : last);
+        rr.w[i] = w + k * wrow;
+        rr.s[i] = sp + k * srow;
+        rr.b[i] = bp + k * srow;
     }
 }
 
-/* Chunk c of the located rows into a ring slot (load_chunk's copies). */
+/* Chunk c of the located rows into a ring slot (load_chunk's copies).  A
+ * 16-bit scale or bias comes as the aligned word that holds it, which half
+ * from the scale's address: the scales' and biases' blobs start 256-byte
+ * aligned, so both halves agree. */
 template <int BITS, int DT, int R>
 __device__ __forceinline__ void ring_load(const ring_rows<R> &rr, int c, ring_slot<BITS, R> &st)
 {
     using G = ring_geom<BITS, R>;
-    const uint32_t wo = (uint32_t)c * (BITS * 4);
-    const int go = c >> rr.gsh;
+    const uint32_t wo = (uint32_t)c * (BITS * 4), so = ((uint32_t)c >> rr.gsh) * (DT == MXC_F32 ? 4 : 2);
 #pragma unroll
     for (int i = 0; i < R; i++) {
 #pragma unroll
         for (int p = 0; p < BITS / 4; p++)
             cp_async16s(st.s + i * G::WB + p * 512 + st.lane * 16, rr.w[i] + wo + 16 * p);
-        const unsigned so = st.s + G::SB + i * 128 + st.lane * 4, bo = st.s + G::BB + i * 128 + st.lane * 4;
+        const unsigned ss = st.s + G::SB + i * 128 + st.lane * 4, bs = st.s + G::BB + i * 128 + st.lane * 4;
+        const uintptr_t sa = (uintptr_t)(rr.s[i] + so), ba = (uintptr_t)(rr.b[i] + so);
         if constexpr (DT == MXC_F32) {
-            cp_async4(so, rr.s[i] + 4 * go);
-            cp_async4(bo, rr.b[i] + 4 * go);
+            cp_async4(ss, (const void *)sa);
+            cp_async4(bs, (const void *)ba);
         } else {
-            const int e = go + (int)((rr.par >> i) & 1u);
-            const int off = (e >> 1) * 4;
-            cp_async4(so, rr.s[i] + off);
-            cp_async4(bo, rr.b[i] + off);
-            st.half |= (uint32_t)(e & 1) << i;
+            cp_async4(ss, (const void *)(sa & ~(uintptr_t)3));
+            cp_async4(bs, (const void *)(ba & ~(uintptr_t)3));
+            st.half |= (((uint32_t)sa >> 1) & 1u) << i;
         }
     }
 }
@@ -4513,10 +4518,7 @@ struct mv_src {
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one x */
     __device__ __forceinline__ void fill(ring_rows<R> &rr) const
     {
-        const mxc_mat &m = mv.m[li];
-#pragma unroll
-        for (int i = 0; i < R; i++)
-            ring_row<BITS, DT, R>(m, min(lr0 + i, m.rows - 1), i, rr);
+        ring_rows_of<BITS, DT, R>(mv.m[li], lr0, 0, R, rr);
     }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
@@ -5051,10 +5053,8 @@ struct moe1_src {
     __device__ __forceinline__ void fill(ring_rows<4> &rr) const
     {
         const mxc_mat &gm = sm[2 * (lj - p.lo)], &um = sm[2 * (lj - p.lo) + 1];
-        ring_row<BITS, DT, 4>(gm, lr, 0, rr);
-        ring_row<BITS, DT, 4>(gm, lr + 1, 1, rr);
-        ring_row<BITS, DT, 4>(um, lr, 2, rr);
-        ring_row<BITS, DT, 4>(um, lr + 1, 3, rr);
+        ring_rows_of<BITS, DT, 4>(gm, lr, 0, 2, rr);
+        ring_rows_of<BITS, DT, 4>(um, lr, 2, 2, rr);
     }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
@@ -5294,9 +5294,7 @@ struct moe2_src {
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one slot's h */
     __device__ __forceinline__ void fill(ring_rows<R> &rr) const
     {
-#pragma unroll
-        for (int i = 0; i < R; i++)
-            ring_row<BITS, DT, R>(m, min(lr0 + i, rows - 1), i, rr);
+        ring_rows_of<BITS, DT, R>(m, lr0, 0, R, rr);
     }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
