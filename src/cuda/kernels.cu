@@ -4103,17 +4103,56 @@ __device__ __forceinline__ void stage_idot(const mv_stage<BITS, R> &st, const ui
     }
 }
 
+/* R sums, each over the warp, into v[0 .. R) of every lane: a butterfly
+ * in which each exchange also halves the rows a lane carries (lanes with
+ * bit 16 set keep the upper half of the rows and send the lower, then bit
+ * 8 within those, ...), then each row's sum broadcast from a lane that
+ * holds it: R = 4 takes 6 exchanges and 4 broadcasts instead of 20
+ * exchanges.  Every row's sum adds the same pairs in the same order as
+ * warp_sum, own value first, so the bits are warp_sum's. */
+template <int R>
+__device__ __forceinline__ void warp_sum_rows(const float *acc, float *v, int lane)
+{
+    if constexpr (R == 1) {
+        v[0] = warp_sum(acc[0]);
+    } else {
+        float a[R];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            a[i] = acc[i];
+        int bit = 16;
+#pragma unroll
+        for (int h = R / 2; h >= 1; h /= 2, bit >>= 1) {
+            const bool up = lane & bit;
+#pragma unroll
+            for (int i = 0; i < h; i++) {
+                const float keep = up ? a[i + h] : a[i], send = up ? a[i] : a[i + h];
+                a[i] = keep + __shfl_xor_sync(0xffffffffu, send, bit);
+            }
+        }
+        for (; bit >= 1; bit >>= 1)
+            a[0] += __shfl_xor_sync(0xffffffffu, a[0], bit);
+#pragma unroll
+        for (int i = 0; i < R; i++) {   /* row i's lane: its bits from bit 16 down */
+            int src = 0;
+#pragma unroll
+            for (int h = R / 2, b = 16; h >= 1; h /= 2, b >>= 1)
+                src |= (i & h) ? b : 0;
+            v[i] = __shfl_sync(0xffffffffu, a[0], src);
+        }
+    }
+}
+
 /* The end of a warp's group: its R sums reduced over the warp and stored
  * (src.store), the accumulators cleared for the next group. */
 template <int R, class Src>
 __device__ __forceinline__ void group_done(Src &src, int64_t g, float *acc, int lane)
 {
     float v[R];
+    warp_sum_rows<R>(acc, v, lane);
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        v[i] = warp_sum(acc[i]);
+    for (int i = 0; i < R; i++)
         acc[i] = 0.0f;
-    }
     src.store(g, v, lane);
 }
 
@@ -4392,15 +4431,14 @@ __device__ __forceinline__ void ring_read(const unsigned char *slot, int lane, m
             const uint4 v = *(const uint4 *)(slot + i * G::WB + p * 512 + lane * 16);
             st.w[i][4 * p] = v.x, st.w[i][4 * p + 1] = v.y, st.w[i][4 * p + 2] = v.z, st.w[i][4 * p + 3] = v.w;
         }
-        uint32_t sv = *(const uint32_t *)(slot + G::SB + i * 128 + lane * 4);
-        uint32_t bv = *(const uint32_t *)(slot + G::BB + i * 128 + lane * 4);
-        if constexpr (DT != MXC_F32) {
-            const int sh = (int)((half >> i) & 1u) * 16;
-            sv >>= sh;
-            bv >>= sh;
+        if constexpr (DT != MXC_F32) {   /* the half of each word, read as such */
+            const unsigned char *q = slot + lane * 4 + ((half >> i) & 1u) * 2;
+            st.s[i] = *(const unsigned short *)(q + G::SB + i * 128);
+            st.b[i] = *(const unsigned short *)(q + G::BB + i * 128);
+        } else {
+            st.s[i] = *(const uint32_t *)(slot + G::SB + i * 128 + lane * 4);
+            st.b[i] = *(const uint32_t *)(slot + G::BB + i * 128 + lane * 4);
         }
-        st.s[i] = sv;
-        st.b[i] = bv;
     }
 }
 
@@ -5067,11 +5105,11 @@ struct moe1_src {
     }
     __device__ __forceinline__ void store(int64_t g, const float *v, int lane)
     {
+        /* lanes 0 and 1 together: one pass through glu, not two */
         const int64_t ogr = p.off[p.lo] + 2 * at(g);
-        if (lane == 0)
-            p.h[ogr] = glu(p.act, v[0], v[2]);
-        else if (lane == 1)
-            p.h[ogr + 1] = glu(p.act, v[1], v[3]);
+        const float gv = lane ? v[1] : v[0], uv = lane ? v[3] : v[2];
+        if (lane < 2)
+            p.h[ogr + lane] = glu(p.act, gv, uv);
     }
 };
 
