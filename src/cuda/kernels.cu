@@ -4367,24 +4367,26 @@ struct ring_rows {
     int gsh;   /* log2 of the chunks a group (all R rows: one group size) */
 };
 
-/* Rows r0 .. r0 + n - 1 of m as rows i0 .. i0 + n - 1 of rr, a row past
- * the matrix's last as the last (a group's rows past the end are loaded
- * and never stored, as in load_chunk's callers). */
-template <int BITS, int DT, int R>
-__device__ __forceinline__ void ring_rows_of(const mxc_mat &m, int64_t r0, int i0, int n, ring_rows<R> &rr)
+/* Rows r0 .. r0 + n - 1 of m as rows i0 .. i0 + n - 1 of rr; with CLAMP a
+ * row past the matrix's last is the last again (a group's rows past the
+ * end are loaded and never stored, as in load_chunk's callers).  32-bit
+ * row numbers and strides (a row index and a row's bytes fit), so that a
+ * row is one wide multiply and the next ones an add each. */
+template <int BITS, int DT, int R, bool CLAMP>
+__device__ __forceinline__ void ring_rows_of(const mxc_mat &m, int64_t r0l, int i0, int n, ring_rows<R> &rr)
 {
-    const uint32_t nchm = (uint32_t)(m.cols >> 5);
+    const uint32_t r0 = (uint32_t)r0l, nchm = (uint32_t)m.cols >> 5;
     const int gsh = __ffs(m.gs) - 6;
     const uint32_t wrow = nchm * (BITS * 4), srow = (nchm >> gsh) * (DT == MXC_F32 ? 4 : 2);
-    const char *w = (const char *)m.w + r0 * wrow, *sp = (const char *)m.s + r0 * srow,
-               *bp = (const char *)m.b + r0 * srow;
-    const int64_t last = m.rows - 1 - r0;
+    const char *w = (const char *)m.w + (uint64_t)r0 * wrow, *sp = (const char *)m.s + (uint64_t)r0 * srow,
+               *bp = (const char *)m.b + (uint64_t)r0 * srow;
+    const uint32_t last = CLAMP ? (uint32_t)m.rows - 1u - r0 : (uint32_t)R;
     rr.gsh = gsh;
 #pragma unroll
     for (int i = 0; i < R; i++) {
         if (i < i0 || i >= i0 + n)
             continue;
-        const uint32_t k = (uint32_t)(i - i0 <= last ? i - i0 : last);
+        const uint32_t k = CLAMP ? min((uint32_t)(i - i0), last) : (uint32_t)(i - i0);
         rr.w[i] = w + k * wrow;
         rr.s[i] = sp + k * srow;
         rr.b[i] = bp + k * srow;
@@ -4556,7 +4558,7 @@ struct mv_src {
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one x */
     __device__ __forceinline__ void fill(ring_rows<R> &rr) const
     {
-        ring_rows_of<BITS, DT, R>(mv.m[li], lr0, 0, R, rr);
+        ring_rows_of<BITS, DT, R, true>(mv.m[li], lr0, 0, R, rr);
     }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
@@ -5091,8 +5093,8 @@ struct moe1_src {
     __device__ __forceinline__ void fill(ring_rows<4> &rr) const
     {
         const mxc_mat &gm = sm[2 * (lj - p.lo)], &um = sm[2 * (lj - p.lo) + 1];
-        ring_rows_of<BITS, DT, 4>(gm, lr, 0, 2, rr);
-        ring_rows_of<BITS, DT, 4>(um, lr, 2, 2, rr);
+        ring_rows_of<BITS, DT, 4, false>(gm, lr, 0, 2, rr);
+        ring_rows_of<BITS, DT, 4, false>(um, lr, 2, 2, rr);
     }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
@@ -5332,7 +5334,7 @@ struct moe2_src {
     __device__ __forceinline__ int64_t xoff(int64_t, int) const { return 0; }   /* one slot's h */
     __device__ __forceinline__ void fill(ring_rows<R> &rr) const
     {
-        ring_rows_of<BITS, DT, R>(m, lr0, 0, R, rr);
+        ring_rows_of<BITS, DT, R, true>(m, lr0, 0, R, rr);
     }
     template <class ST>
     __device__ __forceinline__ void load(int c, ST &st)
