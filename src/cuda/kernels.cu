@@ -4350,7 +4350,7 @@ __device__ __forceinline__ void load_chunk(const mxc_mat &m, int64_t r, int c, r
     }
 }
 
-/* A group's R rows located once (mxc_ring_rows, at the group's first
+/* A group's R rows located once (ring_rows, at the group's first
  * step): each row's words and the words of its first group's scale and
  * bias, so that a chunk's copies are a few adds.  load_chunk above works
  * the addresses out from the matrix at every chunk: ncu's source counters
@@ -4395,8 +4395,9 @@ __device__ __forceinline__ void ring_rows_of(const mxc_mat &m, int64_t r0l, int 
 
 /* Chunk c of the located rows into a ring slot (load_chunk's copies).  A
  * 16-bit scale or bias comes as the aligned word that holds it, which half
- * from the scale's address: the scales' and biases' blobs start 256-byte
- * aligned, so both halves agree. */
+ * from the scale's address: the scales' and biases' tensors start 256-byte
+ * aligned (backend.c) and a row's scale and bias sit at the same index, so
+ * both halves agree. */
 template <int BITS, int DT, int R>
 __device__ __forceinline__ void ring_load(const ring_rows<R> &rr, int c, ring_slot<BITS, R> &st)
 {
