@@ -4325,40 +4325,12 @@ __device__ __forceinline__ void cp_async4(unsigned s, const void *gmem)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-/* load_chunk into a ring slot: the copies are issued, nothing waits. */
-template <int BITS, int DT, int R>
-__device__ __forceinline__ void load_chunk(const mxc_mat &m, int64_t r, int c, ring_slot<BITS, R> &st, int i)
-{
-    using G = ring_geom<BITS, R>;
-    static_assert(BITS == 4 || BITS == 8, "16-byte copies");
-    const int64_t nchm = m.cols >> 5;
-    const int gsh = __ffs(m.gs) - 6;
-    const uint32_t *wp = (const uint32_t *)m.w + r * nchm * BITS + (int64_t)c * BITS;
-#pragma unroll
-    for (int p = 0; p < BITS / 4; p++)
-        cp_async16s(st.s + i * G::WB + p * 512 + st.lane * 16, wp + 4 * p);
-    const int64_t gi = r * (nchm >> gsh) + (c >> gsh);
-    const unsigned so = st.s + G::SB + i * 128 + st.lane * 4, bo = st.s + G::BB + i * 128 + st.lane * 4;
-    if constexpr (DT == MXC_F32) {
-        cp_async4(so, (const float *)m.s + gi);
-        cp_async4(bo, (const float *)m.b + gi);
-    } else {
-        const int64_t ga = gi & ~(int64_t)1;
-        cp_async4(so, (const unsigned short *)m.s + ga);
-        cp_async4(bo, (const unsigned short *)m.b + ga);
-        st.half |= (uint32_t)(gi & 1) << i;
-    }
-}
-
 /* A group's R rows located once (ring_rows, at the group's first
  * step): each row's words and the words of its first group's scale and
- * bias, so that a chunk's copies are a few adds.  load_chunk above works
- * the addresses out from the matrix at every chunk: ncu's source counters
- * had that at a fifth to a third of the streaming kernels' instructions
- * (docs/cuda.md, session 27).  Built with -DMXC_ROWS=0: load_chunk. */
-#ifndef MXC_ROWS
-#define MXC_ROWS 1
-#endif
+ * bias, so that a chunk's copies are a few adds.  Worked out from the
+ * matrix at every chunk (as load_chunk does for mv_walk), the addresses
+ * took a fifth to a third of the streaming kernels' instructions (ncu's
+ * source counters, docs/cuda.md, session 27). */
 template <int R>
 struct ring_rows {
     /* row i's words; the scale and bias (elements, 16 or 32 bits) of its
@@ -4393,11 +4365,11 @@ __device__ __forceinline__ void ring_rows_of(const mxc_mat &m, int64_t r0l, int 
     }
 }
 
-/* Chunk c of the located rows into a ring slot (load_chunk's copies).  A
- * 16-bit scale or bias comes as the aligned word that holds it, which half
- * from the scale's address: the scales' and biases' tensors start 256-byte
- * aligned (backend.c) and a row's scale and bias sit at the same index, so
- * both halves agree. */
+/* Chunk c of the located rows into a ring slot: the copies are issued,
+ * nothing waits.  A 16-bit scale or bias comes as the aligned word that
+ * holds it, which half from the scale's address: the scales' and biases'
+ * tensors start 256-byte aligned (backend.c) and a row's scale and bias
+ * sit at the same index, so both halves agree. */
 template <int BITS, int DT, int R>
 __device__ __forceinline__ void ring_load(const ring_rows<R> &rr, int c, ring_slot<BITS, R> &st)
 {
@@ -4464,15 +4436,11 @@ struct mv_ring {
         if (lg < Gn) {
             if (lk == 0) {
                 src.locate(lg);
-                if constexpr (MXC_ROWS)
-                    src.fill(rr);
+                src.fill(rr);
             }
             if (lk * 32 + lane < nch) {
                 ring_slot<BITS, R> sl{sring + (unsigned)(head * G::SLOT), lane, 0u};
-                if constexpr (MXC_ROWS)
-                    ring_load<BITS, Src::dt, R>(rr, lk * 32 + lane, sl);
-                else
-                    src.load(lk * 32 + lane, sl);
+                ring_load<BITS, Src::dt, R>(rr, lk * 32 + lane, sl);
                 *(uint32_t *)(ring + head * G::SLOT + G::HB + lane * 4) = sl.half;
             }
             if (++lk == kc) {
