@@ -155,6 +155,8 @@ typedef struct cu_ctx {
     int fuse_norms;              /* one-token steps: every norm staged by the streaming kernels that read it */
     int fuse_on;                 /* MLXCEL_CUDA_FUSE (the q/k/v heads inside the attention kernel) */
     int *att_cnt, *route_cnt;    /* zeroed counters of the kernels whose last block finishes the work */
+    unsigned *att_gen;           /* [nh_max] zeroed: one token's attention launches a head (mxc_att's gen) */
+    int att_tagged;              /* MLXCEL_CUDA_ATT_TAGGED: the splits' partials tagged, no counter (mxc_att's gen) */
     int moe_router;              /* one token's router inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER) */
     int rp_on;                   /* one token's router folded into o_proj (MLXCEL_CUDA_ROUTER_IN_O) */
     int extras_first;            /* phase 1 of one token: the extra slots first (MLXCEL_CUDA_EXTRAS_FIRST) */
@@ -837,7 +839,9 @@ static cu_seq *seq_state(cu_ctx *c, mx_seq *s, mx_err *e)
     if (ce == cudaSuccess)
         ce = dalloc(&q->v, n * sizeof(float));
     if (ce == cudaSuccess)
-        ce = dalloc(&q->part, (size_t)nh_max * (size_t)q->n_split * (size_t)(hd_max + 2) * sizeof(float));
+        ce = dalloc(&q->part, (size_t)nh_max * (size_t)q->n_split * (size_t)(hd_max + 2) * sizeof(uint64_t));
+    if (ce == cudaSuccess)   /* tagged partials (mxc_att's gen): no tag of a launch is 0 */
+        ce = cudaMemset(q->part, 0, (size_t)nh_max * (size_t)q->n_split * (size_t)(hd_max + 2) * sizeof(uint64_t));
     const size_t ns = q->soff[m->n_layers];
     if (ce == cudaSuccess && ns) {   /* zeroed again whenever a call starts at position 0 */
         ce = dalloc(&q->state, ns * sizeof(float));
@@ -1142,6 +1146,7 @@ static int attend_seq(call *k, int l, cu_seq *sq, int t0, int T, int last_pos, m
     if (T == 1) {   /* the sequence's partials cover its whole context (graphs replay at any position) */
         at.part = sq->part;
         at.cnt = c->att_cnt;
+        at.gen = c->att_tagged ? c->att_gen : NULL;
         at.fuse = c->fuse_on;
         at.max_z = c->att_blocks;
         at.qkv = p;
@@ -2192,6 +2197,7 @@ static void cu_free(void *ctx)
     cudaFree(c->d_mats);
     cudaFree(c->one_P);
     cudaFree(c->att_cnt);
+    cudaFree(c->att_gen);
     cudaFree(c->route_cnt);
     cudaFree(c->rp_part);
     cudaFree(c->rp_ss);
@@ -2407,6 +2413,7 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         const int sp = v ? atoi(v) : 0;
         c->att_span = sp == 64 || sp == 128 || sp == 256 ? sp : 0;   /* 0: mxc_att's span_auto */
     }
+    c->att_tagged = mx_env_flag("MLXCEL_CUDA_ATT_TAGGED", 1);
     c->moe_router = mx_env_flag("MLXCEL_CUDA_MOE_ROUTER", 0);
     c->rp_on = mx_env_flag("MLXCEL_CUDA_ROUTER_IN_O", 1);
     c->extras_first = mx_env_flag("MLXCEL_CUDA_EXTRAS_FIRST", 1);
@@ -2496,6 +2503,10 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = dalloc(&c->att_cnt, sizeof(int) * (size_t)nh_max);
     if (ce == cudaSuccess)
         ce = cudaMemset(c->att_cnt, 0, sizeof(int) * (size_t)nh_max);
+    if (ce == cudaSuccess)
+        ce = dalloc(&c->att_gen, sizeof(unsigned) * (size_t)nh_max);
+    if (ce == cudaSuccess)
+        ce = cudaMemset(c->att_gen, 0, sizeof(unsigned) * (size_t)nh_max);
     if (ce == cudaSuccess)
         ce = dalloc(&c->route_cnt, 2 * sizeof(int));   /* the counter, then the routes' flag */
     if (ce == cudaSuccess)

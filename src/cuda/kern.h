@@ -284,6 +284,11 @@ typedef struct mxc_att {
     int span_auto;
     float *out;
     int *cnt;                    /* T = 1: [nh] zeroed ints; the last split of a head combines (no second launch) */
+    /* T = 1: [nh] zeroed, each head's count of launches, or NULL; with it,
+     * up to 8 splits each in a block of its own leave their partials as
+     * tagged 64-bit words (part then holds twice the floats, zeroed) and
+     * pos's block combines them without a counter (MLXCEL_CUDA_ATT_TAGGED) */
+    unsigned *gen;
     int max_z;                   /* with cnt: at most this many blocks a head, each looping over splits (0: about two blocks an SM in all) */
     int fuse;                    /* T = 1: the blocks do qkv's work themselves (no mxc_qkv_post launch) */
     int pre;                     /* set by mxc_attend: one token's first split's old K/V rows copied before the wait */

@@ -2604,9 +2604,24 @@ int mxc_qkv_post(cudaStream_t st, const mxc_qkv *p)
  * hi] for head h of token t, into part (k_attend). */
 /* pre: rows lo .. lo + npre - 1 of K (then V, span rows later) already in
  * shared memory (k_attend copied them before its wait), or NULL. */
+__device__ __forceinline__ void st_tagged(unsigned long long *p, float v, unsigned tag)
+{
+    const unsigned long long w = (unsigned long long)tag << 32 | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* ll: the partial as tagged words (mxc_att's gen: combine_tagged), not
+ * floats at part. */
 __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int lo, int hi, float *part,
                                              float4 *qs, float *sc, float *red, const float4 *pre = nullptr,
-                                             int npre = 0)
+                                             int npre = 0, unsigned long long *ll = nullptr, unsigned tag = 0)
 {
     const int hd = a.hd, tid = threadIdx.x, h4 = hd / 4;
     const int kvh = h / (a.nh / a.nkv), n = hi - lo + 1;
@@ -2667,16 +2682,77 @@ __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int
         float acc = 0.0f;
         for (int q = 0; q < parts; q++)
             acc += red[q * hd + i];
-        part[i] = acc;
+        if (ll)
+            st_tagged(ll + i, acc, tag);
+        else
+            part[i] = acc;
     }
-    if (tid == 0)
-        part[hd] = m, part[hd + 1] = l;
+    if (tid == 0) {
+        if (ll) {
+            st_tagged(ll + hd, m, tag);
+            st_tagged(ll + hd + 1, l, tag);
+        } else {
+            part[hd] = m, part[hd + 1] = l;
+        }
+    }
+}
+
+/* The combination of head h's splits s0 .. s1 (at most ATT_LL_MAX, each
+ * another block's) from tagged partials: every value its own 64-bit word
+ * with the launch's tag in its high half, stored relaxed, so a value seen
+ * with the tag is the value (no fence before a counter, no counter, no
+ * fence after it: the chain combine_last pays).  Thread i polls the
+ * maxima, sums and value i of every split until all carry the tag, then
+ * combines as combine_last does (the same bits). */
+#define ATT_LL_MAX 8
+__device__ __forceinline__ void combine_tagged(const mxc_att &a, int h, int t, int s0, int s1, unsigned tag)
+{
+    const int hd = a.hd, n = s1 - s0 + 1, st = hd + 2;
+    const unsigned long long *base =
+        (const unsigned long long *)a.part + (((int64_t)t * a.nh + h) * a.n_split + s0) * st;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        unsigned long long mv[ATT_LL_MAX], lv[ATT_LL_MAX], ov[ATT_LL_MAX];
+        bool ok;
+        do {
+#pragma unroll
+            for (int s = 0; s < ATT_LL_MAX; s++)
+                if (s < n) {
+                    mv[s] = ld_tagged(base + s * st + hd);
+                    lv[s] = ld_tagged(base + s * st + hd + 1);
+                    ov[s] = ld_tagged(base + s * st + i);
+                }
+            ok = true;
+#pragma unroll
+            for (int s = 0; s < ATT_LL_MAX; s++)
+                if (s < n)
+                    ok = ok && (unsigned)(mv[s] >> 32) == tag && (unsigned)(lv[s] >> 32) == tag &&
+                         (unsigned)(ov[s] >> 32) == tag;
+        } while (!ok);
+        float M = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < ATT_LL_MAX; s++)
+            if (s < n)
+                M = fmaxf(M, __uint_as_float((unsigned)mv[s]));
+        float L = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int s = 0; s < ATT_LL_MAX; s++) {
+            if (s >= n)
+                continue;
+            const float m = __uint_as_float((unsigned)mv[s]);
+            if (m == -INFINITY)
+                continue;
+            const float f = expf(m - M);
+            L += __uint_as_float((unsigned)lv[s]) * f;
+            o += __uint_as_float((unsigned)ov[s]) * f;
+        }
+        a.out[((int64_t)t * a.nh + h) * hd + i] = o / L;
+    }
 }
 
 /* With a.cnt (one token): the last split block of head h to finish
  * combines the head's partials (what k_att_combine does), so decode needs
  * no second launch. */
-__device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int s0, int s1, int nblk)
+__device__ __forceinline__ bool combine_last(const mxc_att &a, int h, int t, int s0, int s1, int nblk)
 {
     __shared__ int last;
     const int hd = a.hd;
@@ -2690,7 +2766,7 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
         const float l = ps[hd + 1];
         for (int i = threadIdx.x; i < hd; i += blockDim.x)
             a.out[((int64_t)t * a.nh + h) * hd + i] = ps[i] / l;
-        return;
+        return true;
     }
     __threadfence();
     __syncthreads();
@@ -2698,7 +2774,7 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
         last = atomicAdd(a.cnt + h, 1) == nblk - 1;
     __syncthreads();
     if (!last)
-        return;
+        return false;
     STAMP_AT(7);
     __threadfence();
     constexpr int NS = 8;
@@ -2736,7 +2812,7 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
         }
         if (threadIdx.x == 0)
             a.cnt[h] = 0;
-        return;
+        return true;
     }
     float M = -INFINITY;
     for (int s = s0; s <= s1; s++)
@@ -2756,6 +2832,7 @@ __device__ __forceinline__ void combine_last(const mxc_att &a, int h, int t, int
     }
     if (threadIdx.x == 0)
         a.cnt[h] = 0;
+    return true;
 }
 
 template <bool FUSE>
@@ -2792,6 +2869,15 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
             pdl_wait();
             return;
         }
+        /* each split its own block, at most ATT_LL_MAX: tagged partials,
+         * pos's block (the last split, the last to start its scores: it
+         * makes the kv head) combines them; the tag is the head's count
+         * of launches (a.gen, there before the step: the block that
+         * finished the last launch's head raised it), plus one, so that
+         * partials of an earlier launch, and the zeroed buffer, never
+         * carry it */
+        const unsigned gen = a.gen ? __ldcg(a.gen + h) : 0u;
+        const bool ll = a.gen && s1 > s0 && s1 - s0 + 1 <= Z && s1 - s0 + 1 <= ATT_LL_MAX;
         /* Before the wait, what earlier steps wrote: the first split's K
          * and V rows before pos (a.pre: into shared memory, through L2)
          * and the rotation of pos.  Row pos is this step's (after the
@@ -2859,14 +2945,26 @@ __global__ void __launch_bounds__(256) k_attend(mxc_att a)
                                   kvpre ? (float *)(kv_pre + npre * h4) : nullptr, MXC_ATT_SPAN_DECODE * hd);
                 }
             }
-            float *pj = a.part + (((int64_t)t * a.nh + h) * a.n_split + sj) * (hd + 2);
-            attend_split(a, h, t, max(sj * span, start), min(pos, sj * span + span - 1), pj, qs, sc, red,
-                         sj == first ? kv_pre : nullptr, sj == first ? npre + (kvpre ? 1 : 0) : 0);
+            const int64_t pi = (((int64_t)t * a.nh + h) * a.n_split + sj) * (hd + 2);
+            attend_split(a, h, t, max(sj * span, start), min(pos, sj * span + span - 1), a.part + pi, qs, sc, red,
+                         sj == first ? kv_pre : nullptr, sj == first ? npre + (kvpre ? 1 : 0) : 0,
+                         ll ? (unsigned long long *)a.part + pi : nullptr, gen + 1);
             __syncthreads();   /* sc and red are the next split's */
         }
         STAMP_AT(6);
         pdl_trigger();
-        combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
+        bool fin;
+        if (ll) {
+            fin = first == s1;
+            if (fin)
+                combine_tagged(a, h, t, s0, s1, gen + 1);
+        } else {
+            fin = combine_last(a, h, t, s0, s1, min(Z, s1 - s0 + 1));
+        }
+        /* every other block of the head has read gen: it is the next
+         * launch's (kernel boundaries order this store before its loads) */
+        if (fin && a.gen && threadIdx.x == 0)
+            a.gen[h] = gen + 1;
         return;
     }
     const int lo = max(sp * span, start), hi = min(pos, sp * span + span - 1);
