@@ -156,6 +156,7 @@ typedef struct cu_ctx {
     int fuse_on;                 /* MLXCEL_CUDA_FUSE (the q/k/v heads inside the attention kernel) */
     int *att_cnt, *route_cnt;    /* zeroed counters of the kernels whose last block finishes the work */
     unsigned *att_gen;           /* [nh_max] zeroed: one token's attention launches a head (mxc_att's gen) */
+    unsigned long long *y_tag;   /* [d] zeroed, with rp_flags: o_proj's rows tagged for phase 1 (MLXCEL_CUDA_Y_TAGGED) */
     int att_tagged;              /* MLXCEL_CUDA_ATT_TAGGED: the splits' partials tagged, no counter (mxc_att's gen) */
     int moe_router;              /* one token's router inside phase 1's launch (MLXCEL_CUDA_MOE_ROUTER) */
     int rp_on;                   /* one token's router folded into o_proj (MLXCEL_CUDA_ROUTER_IN_O) */
@@ -1045,6 +1046,11 @@ static int oproj_routed(call *k, int l, mx_err *e)
         r.r_flag = fl + 2;
         r.epoch = c->rp_flags;
         r.h_late = c->hflag_late;
+        if (c->y_tag) {   /* phase 1 stages its norm from o_proj's tagged rows */
+            r.y_tag = c->y_tag;
+            r.tag_mul = (unsigned)c->m->n_layers;
+            r.tag_id = (unsigned)l;
+        }
         r.r_pack = rpack_ok(c, cl);
     }
     const int rc = mxc_matvec_stream_rp(c->st, &mv, b->att, &rp, &r, c->route_cnt);
@@ -1373,6 +1379,11 @@ static int moe_one(call *k, const cu_layer *cl, int t, const int *P, const float
                         p.r_flag = k->rp_h + 2;
                         p.r_pack = rpack_ok(c, cl);
                         p.epoch = c->rp_flags;
+                        if (c->y_tag) {
+                            p.y_tag = c->y_tag;
+                            p.tag_mul = (unsigned)c->m->n_layers;
+                            p.tag_id = (unsigned)(cl - c->layers);
+                        }
                     }
                 }
                 KL(mxc_moe_stream(c->st, &p, cl->s_dt));
@@ -2202,6 +2213,7 @@ static void cu_free(void *ctx)
     cudaFree(c->rp_part);
     cudaFree(c->rp_ss);
     cudaFree(c->rp_flags);
+    cudaFree(c->y_tag);
     cudaFree(c->one_W);
     cudaFreeHost(c->h_tok);
     cudaFreeHost(c->h_pos);
@@ -2519,6 +2531,12 @@ int mx_cuda_attach(mx_model *m, mx_err *e)
         ce = dalloc(&c->rp_flags, sizeof(int) * (size_t)RP_FLAGS_AT(m->n_layers));
     if (ce == cudaSuccess && c->rp_on)
         ce = cudaMemset(c->rp_flags, 0, sizeof(int) * (size_t)RP_FLAGS_AT(m->n_layers));
+    if (ce == cudaSuccess && c->rp_on && mx_env_flag("MLXCEL_CUDA_Y_TAGGED", 1)) {
+        /* zeroed: every tag a step writes is at least its count (1 on) */
+        ce = dalloc(&c->y_tag, sizeof(unsigned long long) * (size_t)m->d);
+        if (ce == cudaSuccess)
+            ce = cudaMemset(c->y_tag, 0, sizeof(unsigned long long) * (size_t)m->d);
+    }
     if (ce == cudaSuccess)
         ce = dalloc(&c->one_P, sizeof(int));
     if (ce == cudaSuccess)

@@ -339,6 +339,11 @@ typedef struct mxc_route {
     int *h_flag, *r_flag;
     const int *epoch;
     int h_late;                  /* measuring: *h_flag once the logits are made (MLXCEL_CUDA_HFLAG_LATE) */
+    /* with h_flag: o_proj's rows also as tagged 64-bit words (the value,
+     * and *epoch * tag_mul + tag_id in the high half), which phase 1
+     * stages its norm from without waiting for h_flag (or NULL) */
+    unsigned long long *y_tag;
+    unsigned tag_mul, tag_id;
     /* r_flag (8-byte aligned) is a 64-bit word: the step's count in its
      * high half, the k <= 4 routed experts (E <= 255) a byte each in its
      * low half, written by one relaxed store, no fence: phase 1 learns
@@ -419,6 +424,11 @@ typedef struct mxc_moe1 {
      * launch has ended, and a warp waits for *r_flag at its first routed row */
     const int *h_flag, *r_flag, *epoch;
     int r_pack;                  /* r_flag holds the routes (mxc_route's r_pack) */
+    /* with h_flag: the norm's delta (nin.dl.D) from o_proj's tagged words
+     * (mxc_route's y_tag, tag_mul, tag_id), each value once it carries
+     * the step's tag, not after *h_flag (or NULL) */
+    const unsigned long long *y_tag;
+    unsigned tag_mul, tag_id;
     /* The routed experts' matrices one stride apart (the checkpoints'
      * stacked switch_mlp tensors): expert e's matrix t (0 gate, 1 up, 2
      * down) is e0[t] with its w, s and b moved e * estr[t][0 .. 2] bytes,

@@ -2617,6 +2617,31 @@ __device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long
     return v;
 }
 
+/* a[u] = the value of tagged word p[threadIdx.x + u nt] for those below
+ * lim, once every one of them carries tag: all U loads asked for at
+ * once, again until all are in (one round trip where they are). */
+template <int U>
+__device__ __forceinline__ void ld_tagged_wait(const unsigned long long *p, int nt, int lim, unsigned tag, float *a)
+{
+    unsigned long long w[U];
+    bool ok;
+    do {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if ((int)threadIdx.x + u * nt < lim)
+                w[u] = ld_tagged(p + threadIdx.x + u * nt);
+        ok = true;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if ((int)threadIdx.x + u * nt < lim)
+                ok = ok && (unsigned)(w[u] >> 32) == tag;
+    } while (!ok);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if ((int)threadIdx.x + u * nt < lim)
+            a[u] = __uint_as_float((unsigned)w[u]);
+}
+
 /* ll: the partial as tagged words (mxc_att's gen: combine_tagged), not
  * floats at part. */
 __device__ __forceinline__ void attend_split(const mxc_att &a, int h, int t, int lo, int hi, float *part,
@@ -3582,7 +3607,10 @@ __device__ __forceinline__ void norm_scale8(float *xs, const float wv[8], int d,
 /* Inlined, so that the weight loads a kernel primes before it stay in
  * flight while it runs (as a call, two primed registers were spilled
  * around it and the call waited for their loads: docs/cuda.md). */
-__device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums)
+/* dtag (with tag): the delta dl.D as tagged words, each value read once it
+ * carries tag (phase 1 on o_proj's rows: mxc_moe1's y_tag). */
+__device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *xs, float *sums,
+                                           const unsigned long long *dtag = nullptr, unsigned tag = 0)
 {
     double ss = 0.0, sum = 0.0;
     const bool wr = n.x_out && blockIdx.x == 0;
@@ -3600,7 +3628,9 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
             wv[u] = i < d ? n.w[i] : 0.0f;
             a[u] = 0.0f;
         }
-        if (n.has && n.dl.K == 0) {
+        if (n.has && n.dl.K == 0 && dtag) {
+            ld_tagged_wait<8>(dtag + base, nt, d - base, tag, a);
+        } else if (n.has && n.dl.K == 0) {
             /* through L2: phase 1 may stage it on o_proj's flag (mxc_moe1's
              * h_flag) while o_proj's launch still runs */
 #pragma unroll
@@ -3689,7 +3719,8 @@ __device__ __forceinline__ void stage_norm(const mxc_norm_in &n, int d, float *x
  * norm's weights itself, before the barrier.  The same arithmetic per
  * value; only the sum of squares is added in another (fixed) order. */
 template <int CL>
-__device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float *xs)
+__device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float *xs,
+                                              const unsigned long long *dtag = nullptr, unsigned tag = 0)
 {
     namespace cg = cooperative_groups;
     constexpr int U = 8 / CL;   /* values of the slice a thread (d <= 8 nt) */
@@ -3711,7 +3742,9 @@ __device__ __forceinline__ void stage_norm_cl(const mxc_norm_in &n, int d, float
         v[u] = j < S ? n.x[lo + j] : 0.0f;
         a[u] = 0.0f;
     }
-    if (n.has && n.dl.K == 0) {
+    if (n.has && n.dl.K == 0 && dtag) {
+        ld_tagged_wait<U>(dtag + lo, nt, S, tag, a);
+    } else if (n.has && n.dl.K == 0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = threadIdx.x + u * nt;
@@ -4731,20 +4764,21 @@ __device__ __forceinline__ W make_walk(int64_t g0, int64_t gs, int64_t g_end, in
  * (xs, sums) or as digits (dg, IX). */
 template <int BITS, bool IX, int CL = 1>
 __device__ __forceinline__ void stage_input(const float *x, const mxc_norm_in &nin, int has_nin, int nch, float *xs,
-                                            float *sums, uint32_t *dg)
+                                            float *sums, uint32_t *dg, const unsigned long long *dtag = nullptr,
+                                            unsigned tag = 0)
 {
     if constexpr (CL > 1) {   /* launched so only with nin, IX and an RMSNorm stage_norm_cl takes */
-        stage_norm_cl<CL>(nin, nch * 32, xs);
+        stage_norm_cl<CL>(nin, nch * 32, xs, dtag, tag);
         stage_digits<BITS>(xs, XS, nch, dg);
         return;
     }
     if (IX && has_nin) {
-        stage_norm(nin, nch * 32, xs, nullptr);
+        stage_norm(nin, nch * 32, xs, nullptr, dtag, tag);
         stage_digits<BITS>(xs, XS, nch, dg);
     } else if (IX) {
         stage_digits<BITS>(x, 32, nch, dg);
     } else if (has_nin) {
-        stage_norm(nin, nch * 32, xs, sums);
+        stage_norm(nin, nch * 32, xs, sums, dtag, tag);
     } else {
         stage_x(x, nch, xs, sums);
     }
@@ -4841,7 +4875,7 @@ struct rp_row {
     uint32_t w[RP_WORDS];
     float s, b;
     float x, nw;   /* warp 0, lane c < WARPS x R: the residual and the norm's weight at row c */
-    int ep;        /* thread 0, with rt.h_flag: the step's count for the flags */
+    int ep;        /* thread 0 (warp 0 with rt.y_tag), with rt.h_flag: the step's count for the flags */
 };
 
 template <int R>
@@ -4852,7 +4886,7 @@ __device__ __forceinline__ void rp_load(const mxc_rpart &rp, const mxc_route &rt
     const int64_t c0 = (int64_t)blockIdx.x * span;
     /* the embedding's count (complete: launches back), here rather than
      * where the last block raises its flags: a round trip less there */
-    k.ep = e == 0 && rt.h_flag ? __ldcg(rt.epoch) : 0;
+    k.ep = (e == 0 || (rt.y_tag && e < 32)) && rt.h_flag ? __ldcg(rt.epoch) : 0;
     /* x: q/k/v's block 0 wrote it two launches back (complete) */
     if (e < span && c0 + e < rp.rows) {
         k.x = __ldcg(rp.x + c0 + e);
@@ -4954,7 +4988,9 @@ __device__ __forceinline__ void rp_finish(const mxc_mv &mv, const mxc_rpart &rp,
         if (lane < span) {
             float v = 0.0f;
             if (c0 + lane < rows) {
-                const float h = k.x + mv.y[0][c0 + lane];
+                const float y = mv.y[0][c0 + lane], h = k.x + y;
+                if (rt.y_tag)   /* phase 1 stages its norm from these, no flag */
+                    st_tagged(rt.y_tag + c0 + lane, y, (unsigned)k.ep * rt.tag_mul + rt.tag_id);
                 if (rp.x_out)
                     rp.x_out[c0 + lane] = h;
                 ss = (double)h * h;
@@ -5244,7 +5280,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
             if (c_moe1_go)
                 asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
         }
-        if (threadIdx.x == 0) {
+        if (threadIdx.x == 0 && !p.y_tag) {   /* (with y_tag each value comes with its tag) */
             STAMP_AT(1);
             flag_wait_for(p.h_flag, ep);
             STAMP_AT(2);
@@ -5268,7 +5304,9 @@ __global__ void __launch_bounds__(THREADS, 2) k_moe1s(const __grid_constant__ mx
         for (int t = 0; t < (p.hi - p.lo) / p.kp; t++)
             stage_digits<BITS>(p.x + t * p.d, 32, nch, dg + (int64_t)t * nch * DS);
     } else {
-        stage_input<BITS, IX, CL>(p.x, p.nin, p.has_nin, nch, xs, sums, dg);
+        const bool tg = fl && p.y_tag;
+        stage_input<BITS, IX, CL>(p.x, p.nin, p.has_nin, nch, xs, sums, dg, tg ? p.y_tag : nullptr,
+                                  tg ? (unsigned)ep * p.tag_mul + p.tag_id : 0u);
     }
     if constexpr (RING) {
         if (early)
