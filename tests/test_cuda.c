@@ -741,7 +741,9 @@ out:
  * var=off; kjv_same_bits: 1 against 0): the same logits bit for bit over
  * a prompt and captured steps.  (Each model's switches are put in place
  * at each of its calls, so the two run side by side.) */
-static void kjv_same_bits_v(const char *dir, const char *var, const char *on, const char *off, const char *what)
+/* n: the prompt's tokens (its ids repeat 6 of them) */
+static void kjv_same_bits_nv(const char *dir, const char *var, const char *on, const char *off, const char *what,
+                             int n)
 {
     mx_err e = {0};
     mx_model *a = NULL, *b = NULL;
@@ -750,14 +752,15 @@ static void kjv_same_bits_v(const char *dir, const char *var, const char *on, co
     cuda_pair_v(a, b, var, on, off, &e);
     if (!a->backend || !b->backend)
         goto out;
-    const int V = a->vocab, n = 6, steps = 16;
+    const int V = a->vocab, steps = 16;
     mx_seq *sa = NULL, *sb = NULL;
     CHECK_OK(mx_seq_new(a, n + steps + 1, &sa, &e), &e);
     CHECK_OK(mx_seq_new(b, n + steps + 1, &sb, &e), &e);
     float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
-    int32_t ids[6] = {13, 404, 2001, 7, 99, 1234};
+    const int32_t six[6] = {13, 404, 2001, 7, 99, 1234};
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++)
-        ids[i] %= V;
+        ids[i] = six[i % 6] % V;
     CHECK_OK(mx_forward(a, sa, ids, n, la, NULL, &e), &e);
     CHECK_OK(mx_forward(b, sb, ids, n, lb, NULL, &e), &e);
     double worst = max_abs_diff(la, lb, (size_t)V);
@@ -770,13 +773,18 @@ static void kjv_same_bits_v(const char *dir, const char *var, const char *on, co
         next = argmax(lb, V);
     }
     CHECKF(worst == 0, "kjv-moe: %s (%s) changes the logits by %g", what, var, worst);
-    fprintf(stderr, "kjv-moe: %s on and off: %d steps, difference %g\n", what, steps, worst);
+    fprintf(stderr, "kjv-moe: %s on and off: %d-token prompt, %d steps, difference %g\n", what, n, steps, worst);
     mx_seq_free(sa);
     mx_seq_free(sb);
-    free(la), free(lb);
+    free(la), free(lb), free(ids);
 out:
     mx_model_free(a);
     mx_model_free(b);
+}
+
+static void kjv_same_bits_v(const char *dir, const char *var, const char *on, const char *off, const char *what)
+{
+    kjv_same_bits_nv(dir, var, on, off, what, 6);
 }
 
 static void kjv_same_bits(const char *dir, const char *var, const char *what)
@@ -1020,6 +1028,12 @@ int main(void)
         kjv_same_bits(dir, "MLXCEL_CUDA_RPACK", "the routes inside o_proj's flag");
         kjv_same_bits(dir, "MLXCEL_CUDA_MOE1_GO", "phase 1 letting phase 2 launch at its start");
         kjv_same_bits(dir, "MLXCEL_CUDA_ROUTE_RANK", "o_proj's last block routing by ranks");
+        kjv_same_bits(dir, "MLXCEL_CUDA_Y_TAGGED", "phase 1 staging its norm from o_proj's tagged rows");
+        /* past position 64: 2 and 3 splits (ATT_BLOCKS 3: a block each) */
+        setenv("MLXCEL_CUDA_ATT_BLOCKS", "3", 1);
+        kjv_same_bits_nv(dir, "MLXCEL_CUDA_ATT_TAGGED", "1", "0", "the attention's splits combined from tagged partials",
+                         100);
+        unsetenv("MLXCEL_CUDA_ATT_BLOCKS");
     } else {
         fprintf(stderr, "note: MLXCEL_SRC unset, the kjv-moe comparison is skipped\n");
     }
